@@ -1,0 +1,44 @@
+# Two commands: `make run` (set up and serve the demo) and `make test` (set up and run
+# every check). Everything else here is a helper for those two.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+# Checks and tests never need a real secret.
+TEST_ENV := SECRET_KEY=test-only-secret-key-not-for-production
+
+.PHONY: setup run test lint typecheck pytest bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: setup
+	mkdir -p var
+	DEBUG=1 $(BIN)/python manage.py migrate --noinput
+	DEBUG=1 $(BIN)/python manage.py seed_demo
+	DEBUG=1 $(BIN)/python manage.py runserver 127.0.0.1:8000
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: setup
+	$(TEST_ENV) $(BIN)/mypy .
+
+pytest: setup
+	$(TEST_ENV) $(BIN)/pytest
+
+test: lint typecheck pytest
+
+bench: setup
+	mkdir -p var
+	DEBUG=1 $(BIN)/python manage.py migrate --noinput
+	DEBUG=1 $(BIN)/python manage.py bench_tree
+
+clean:
+	rm -rf $(VENV) var/*.sqlite3

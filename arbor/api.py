@@ -1,0 +1,66 @@
+"""The NinjaAPI instance: routers, authentication and one JSON error shape for all."""
+
+from __future__ import annotations
+
+from django.http import Http404, HttpRequest, HttpResponse
+from ninja import NinjaAPI
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+
+from conversations.api import router as tree_router
+from conversations.auth import api_auth
+from conversations.errors import ArborError
+
+api = NinjaAPI(
+    title="Arbor API",
+    version="1.0",
+    description="Conversation trees: branch, fork, checkpoint, rewind.",
+    auth=api_auth,
+    urls_namespace="api",
+)
+api.add_router("/", tree_router)
+
+
+@api.exception_handler(ArborError)
+def on_arbor_error(request: HttpRequest, exc: ArborError) -> HttpResponse:
+    return api.create_response(request, exc.as_dict(), status=exc.status)
+
+
+@api.exception_handler(ValidationError)
+def on_validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
+    errors = [
+        {
+            "loc": ".".join(str(x) for x in e.get("loc", ())),
+            "msg": str(e.get("msg", "")),
+        }
+        for e in exc.errors
+    ]
+    detail = "; ".join(f"{e['loc']}: {e['msg']}" for e in errors) or "the request is not valid"
+    return api.create_response(
+        request, {"error": "invalid", "detail": detail, "errors": errors}, status=422
+    )
+
+
+@api.exception_handler(AuthenticationError)
+def on_unauthenticated(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
+    return api.create_response(
+        request,
+        {"error": "unauthorized", "detail": "sign in, or send Authorization: Bearer <token>"},
+        status=401,
+    )
+
+
+@api.exception_handler(HttpError)
+def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    code = {400: "bad_request", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}
+    return api.create_response(
+        request,
+        {"error": code.get(exc.status_code, "error"), "detail": str(exc)},
+        status=exc.status_code,
+    )
+
+
+@api.exception_handler(Http404)
+def on_not_found(request: HttpRequest, exc: Http404) -> HttpResponse:
+    return api.create_response(
+        request, {"error": "not_found", "detail": str(exc) or "not found"}, status=404
+    )

@@ -1,0 +1,121 @@
+"""Arbor settings. Every value that differs between machines comes from the environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from arbor.env import (
+    ImproperlyConfiguredEnv,
+    database_from_url,
+    env_bool,
+    env_int,
+    env_list,
+    env_str,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = BASE_DIR / "var"
+
+DEBUG = env_bool("DEBUG", False)
+if DEBUG:
+    SECRET_KEY = env_str("SECRET_KEY", "insecure-debug-only-key")
+else:
+    SECRET_KEY = env_str("SECRET_KEY", "")
+    if not SECRET_KEY:
+        raise ImproperlyConfiguredEnv("SECRET_KEY must be set unless DEBUG=1")
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "ninja",
+    "conversations",
+    "compaction",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "arbor.urls"
+WSGI_APPLICATION = "arbor.wsgi.application"
+ASGI_APPLICATION = "arbor.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": database_from_url(
+        env_str("DATABASE_URL", "sqlite:///var/arbor.sqlite3"), base_dir=BASE_DIR
+    )
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "static"
+MEDIA_URL = "media/"
+MEDIA_ROOT = Path(env_str("MEDIA_ROOT", str(VAR_DIR / "media")))
+
+LOGIN_URL = "/admin/login/"
+
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", not DEBUG)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+
+# Celery: with no broker configured, tasks run in-process (the embedded default).
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "")
+CELERY_TASK_ALWAYS_EAGER = not CELERY_BROKER_URL
+CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 600)
+CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 540)
+
+# Limits on what a client may send. Bytes, pixels, counts.
+ARBOR_MAX_BLOB_BYTES = env_int("ARBOR_MAX_BLOB_BYTES", 10 * 1024 * 1024)
+ARBOR_MAX_IMAGE_PIXELS = env_int("ARBOR_MAX_IMAGE_PIXELS", 40_000_000)
+ARBOR_MAX_TURN_MESSAGES = env_int("ARBOR_MAX_TURN_MESSAGES", 200)
+ARBOR_MAX_PART_CHARS = env_int("ARBOR_MAX_PART_CHARS", 2_000_000)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+}

@@ -1,0 +1,319 @@
+"""The tree's JSON API (DESIGN.md §3). Each endpoint: typed input, one lookup scoped to
+the owner, one service or selector call."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.http import FileResponse, HttpRequest
+from ninja import Field as F
+from ninja import File, Query, Router, Schema, UploadedFile
+
+from conversations import selectors, services
+from conversations.errors import InvalidInput, NotFound
+from conversations.models import Blob, Checkpoint, Conversation, Message
+from conversations.schemas import (
+    BlobOut,
+    CheckpointIn,
+    CheckpointOut,
+    ConversationDetailOut,
+    ConversationIn,
+    ConversationPageOut,
+    EditIn,
+    ForkIn,
+    MessageDetailOut,
+    PathOut,
+    RegenerateIn,
+    RewindIn,
+    RewindOut,
+    TipIn,
+    TipOut,
+    TreePageOut,
+    TurnIn,
+    TurnOut,
+)
+
+router = Router(tags=["tree"])
+
+
+def _user(request: HttpRequest) -> Any:
+    """The user that ninja's authentication attached to the request."""
+    return request.auth  # type: ignore[attr-defined]
+
+
+def _conversation_out(conv: Conversation, message_count: int | None = None) -> dict[str, Any]:
+    count = getattr(conv, "message_count", None) if message_count is None else message_count
+    forked = conv.forked_from
+    return {
+        "id": conv.id,
+        "title": conv.title,
+        "tip": conv.tip_id,
+        "version": conv.version,
+        "forked_from": conv.forked_from_id,
+        "forked_from_conversation": forked.conversation_id if forked else None,
+        "model": conv.model,
+        "system_prompt": conv.system_prompt,
+        "message_count": count if count is not None else selectors.message_count(conversation=conv),
+        "created_at": conv.created_at,
+        "updated_at": conv.updated_at,
+    }
+
+
+def _message_out(m: Message) -> dict[str, Any]:
+    return {
+        "id": m.id,
+        "parent": m.parent_id,
+        "role": m.role,
+        "parts": m.parts,
+        "depth": m.depth,
+        "origin": m.origin,
+        "metadata": m.metadata,
+        "created_at": m.created_at,
+    }
+
+
+def _checkpoint_out(cp: Checkpoint) -> dict[str, Any]:
+    return {
+        "id": cp.pk,
+        "label": cp.label,
+        "message": cp.message_id,
+        "state": cp.state,
+        "reason": cp.reason,
+        "source": cp.source,
+        "digest_message": cp.digest_message_id,
+        "created_at": cp.created_at,
+    }
+
+
+def _detail(conv: Conversation) -> dict[str, Any]:
+    forks = selectors.conversation_forks(conversation=conv)
+    return {
+        **_conversation_out(conv),
+        "forks": [{"id": f.id, "title": f.title, "forked_from": f.forked_from_id} for f in forks],
+    }
+
+
+# --- conversations -------------------------------------------------------------------
+
+
+@router.post("/conversations", response={201: ConversationDetailOut})
+def create_conversation(request: HttpRequest, payload: ConversationIn) -> tuple[int, Any]:
+    conv = services.conversation_create(owner=_user(request), **payload.dict())
+    return 201, {**_conversation_out(conv, 0), "forks": []}
+
+
+class ListQuery(Schema):
+    q: str = F("", max_length=200)
+    limit: int = F(20, ge=1, le=100)
+    cursor: str | None = None
+
+
+@router.get("/conversations", response=ConversationPageOut)
+def list_conversations(request: HttpRequest, query: Query[ListQuery]) -> Any:
+    page = selectors.conversation_page(
+        user=_user(request),
+        q=query.q.strip(),
+        cursor=query.cursor,
+        limit=query.limit,
+    )
+    return {"items": [_conversation_out(c) for c in page.items], "next_cursor": page.next_cursor}
+
+
+@router.get("/conversations/{cid}", response=ConversationDetailOut)
+def get_conversation(request: HttpRequest, cid: str) -> Any:
+    conv = selectors.conversation_get(user=_user(request), conversation_id=cid)
+    return _detail(conv)
+
+
+@router.delete("/conversations/{cid}", response={204: None})
+def delete_conversation(request: HttpRequest, cid: str) -> tuple[int, None]:
+    conv = selectors.conversation_get(user=_user(request), conversation_id=cid)
+    services.conversation_delete(conversation=conv)
+    return 204, None
+
+
+@router.get("/conversations/{cid}/path", response=PathOut)
+def get_path(request: HttpRequest, cid: str, tip: str | None = None) -> Any:
+    conv = selectors.conversation_get(user=_user(request), conversation_id=cid)
+    tip_id = conv.tip_id
+    if tip is not None:
+        try:
+            tip_id = uuid.UUID(tip)
+        except ValueError:
+            raise NotFound(f"no such message: {tip!r}") from None
+    messages = selectors.message_path(conversation_id=conv.pk, tip_id=tip_id)
+    if tip_id is not None and not messages:
+        raise NotFound(f"no such message in this conversation: {tip_id}")
+    return {"conversation": conv.pk, "tip": tip_id, "messages": [_message_out(m) for m in messages]}
+
+
+class TreeQuery(Schema):
+    limit: int = F(200, ge=1, le=1000)
+    cursor: str | None = None
+
+
+@router.get("/conversations/{cid}/tree", response=TreePageOut)
+def get_tree(request: HttpRequest, cid: str, query: Query[TreeQuery]) -> Any:
+    conv = selectors.conversation_get(user=_user(request), conversation_id=cid)
+    page = selectors.tree_page(conversation=conv, cursor=query.cursor, limit=query.limit)
+    nodes = [
+        {
+            "id": m.id,
+            "parent": m.parent_id,
+            "role": m.role,
+            "origin": m.origin,
+            "preview": selectors.preview(m.parts),
+            "depth": m.depth,
+            "child_count": m.child_count,
+        }
+        for m in page.items
+    ]
+    return {
+        "conversation": conv.pk,
+        "tip": conv.tip_id,
+        "nodes": nodes,
+        "next_cursor": page.next_cursor,
+    }
+
+
+# --- messages, turns and the tip -----------------------------------------------------
+
+
+@router.get("/messages/{mid}", response=MessageDetailOut)
+def get_message(request: HttpRequest, mid: str) -> Any:
+    message = selectors.message_get(user=_user(request), message_id=mid)
+    siblings = selectors.message_siblings(message=message)
+    return {
+        **_message_out(message),
+        "conversation": message.conversation_id,
+        "siblings": {"ids": siblings.ids, "index": siblings.index},
+    }
+
+
+def _turn_out(result: services.TurnResult) -> dict[str, Any]:
+    return {"tip": result.tip, "version": result.version, "message_ids": result.message_ids}
+
+
+@router.post("/conversations/{cid}/turns", response={201: TurnOut})
+def append_turn(request: HttpRequest, cid: str, payload: TurnIn) -> tuple[int, Any]:
+    conv = selectors.conversation_get(user=_user(request), conversation_id=cid)
+    result = services.turn_append(
+        conversation=conv,
+        parent_id=payload.parent,
+        expected_version=payload.expected_version,
+        messages=[m.dict() for m in payload.messages],
+    )
+    return 201, _turn_out(result)
+
+
+@router.post("/conversations/{cid}/tip", response=TipOut)
+def move_tip(request: HttpRequest, cid: str, payload: TipIn) -> Any:
+    conv = selectors.conversation_get(user=_user(request), conversation_id=cid)
+    state = services.tip_move(
+        conversation=conv, message_id=payload.message, expected_version=payload.expected_version
+    )
+    return {"tip": state.tip, "version": state.version}
+
+
+@router.post("/messages/{mid}/edit", response={201: TurnOut})
+def edit_message(request: HttpRequest, mid: str, payload: EditIn) -> tuple[int, Any]:
+    message = selectors.message_get(user=_user(request), message_id=mid)
+    result = services.message_edit(
+        conversation=message.conversation,
+        message_id=message.pk,
+        parts=payload.parts,
+        expected_version=payload.expected_version,
+    )
+    return 201, _turn_out(result)
+
+
+@router.post("/messages/{mid}/regenerate", response={201: TurnOut})
+def regenerate_message(request: HttpRequest, mid: str, payload: RegenerateIn) -> tuple[int, Any]:
+    message = selectors.message_get(user=_user(request), message_id=mid)
+    result = services.message_regenerate(
+        conversation=message.conversation,
+        message_id=message.pk,
+        messages=[m.dict() for m in payload.messages],
+        expected_version=payload.expected_version,
+    )
+    return 201, _turn_out(result)
+
+
+@router.post("/messages/{mid}/fork", response={201: ConversationDetailOut})
+def fork_message(request: HttpRequest, mid: str, payload: ForkIn) -> tuple[int, Any]:
+    message = selectors.message_get(user=_user(request), message_id=mid)
+    fork = services.conversation_fork(
+        message=message,
+        owner=_user(request),
+        title=payload.title,
+        scope=payload.scope,
+    )
+    fork.forked_from = message
+    return 201, _detail(fork)
+
+
+# --- checkpoints and rewind ----------------------------------------------------------
+
+
+@router.get("/conversations/{cid}/checkpoints", response=list[CheckpointOut])
+def list_checkpoints(request: HttpRequest, cid: str) -> Any:
+    conv = selectors.conversation_get(user=_user(request), conversation_id=cid)
+    return [_checkpoint_out(cp) for cp in selectors.checkpoint_list(conversation=conv)]
+
+
+@router.post("/conversations/{cid}/checkpoints", response={201: CheckpointOut})
+def create_checkpoint(request: HttpRequest, cid: str, payload: CheckpointIn) -> tuple[int, Any]:
+    conv = selectors.conversation_get(user=_user(request), conversation_id=cid)
+    checkpoint = services.checkpoint_create(conversation=conv, label=payload.label)
+    return 201, _checkpoint_out(checkpoint)
+
+
+@router.post("/conversations/{cid}/rewind", response=RewindOut)
+def rewind(request: HttpRequest, cid: str, payload: RewindIn) -> Any:
+    conv = selectors.conversation_get(user=_user(request), conversation_id=cid)
+    result = services.rewind(
+        conversation=conv,
+        label=payload.label,
+        digest=payload.digest,
+        expected_version=payload.expected_version,
+    )
+    checkpoint = result.checkpoint
+    checkpoint.digest_message_id = result.digest_message
+    return {
+        "tip": result.tip,
+        "version": result.version,
+        "digest_message": result.digest_message,
+        "abandoned_tip": result.abandoned_tip,
+        "checkpoint": _checkpoint_out(checkpoint),
+    }
+
+
+# --- blobs ---------------------------------------------------------------------------
+
+
+@router.post("/blobs", response={201: BlobOut}, tags=["blobs"])
+def upload_blob(request: HttpRequest, file: File[UploadedFile]) -> tuple[int, Any]:
+    if file.size is not None and file.size > 2 * settings.ARBOR_MAX_BLOB_BYTES:
+        raise InvalidInput("the upload is too large", code="blob_too_large")
+    blob = services.blob_store(owner=_user(request), data=file.read())
+    return 201, {
+        "sha256": blob.sha256,
+        "mime": blob.mime,
+        "size": blob.size,
+        "width": blob.width,
+        "height": blob.height,
+    }
+
+
+@router.get("/blobs/{sha256}", tags=["blobs"])
+def get_blob(request: HttpRequest, sha256: str) -> FileResponse:
+    blob = Blob.objects.filter(sha256=sha256, owners__id=_user(request).pk).first()
+    if blob is None:
+        raise NotFound(f"no such blob: {sha256}")
+    response = FileResponse(blob.file.open("rb"), content_type=blob.mime)
+    # Immutable by construction: the name is the hash of the bytes.
+    response["Cache-Control"] = "private, max-age=31536000, immutable"
+    response["X-Content-Type-Options"] = "nosniff"
+    return response

@@ -1,0 +1,48 @@
+"""Domain errors. The API turns each into a JSON body ``{"error": code, "detail": …}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ArborError(Exception):
+    status = 400
+    code = "bad_request"
+
+    def __init__(self, detail: str, *, code: str | None = None, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        if code is not None:
+            self.code = code
+        self.extra = extra
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"error": self.code, "detail": self.detail, **self.extra}
+
+
+class NotFound(ArborError):
+    status = 404
+    code = "not_found"
+
+
+class InvalidInput(ArborError):
+    status = 422
+    code = "invalid"
+
+
+class Conflict(ArborError):
+    status = 409
+    code = "conflict"
+
+
+class StaleVersion(Conflict):
+    """The expected version no longer matches: someone else moved the tip first."""
+
+    code = "stale_version"
+
+    def __init__(self, *, tip: str | None, version: int) -> None:
+        super().__init__(
+            f"the conversation is at version {version}; reload and try again",
+            tip=tip,
+            version=version,
+        )

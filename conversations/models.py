@@ -1,0 +1,168 @@
+"""The conversation tree.
+
+A message row is immutable once written: ordinary use never updates or deletes one (only
+deleting the whole conversation does). Going back, branching and rewinding only move
+``Conversation.tip`` — a compare-and-set on ``Conversation.version``.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class Role(models.TextChoices):
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+class Origin(models.TextChoices):
+    TURN = "turn"
+    EDIT = "edit"
+    REGENERATE = "regenerate"
+    FORK = "fork"
+    IMPORT = "import"
+    DIGEST = "digest"
+
+
+class Conversation(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations"
+    )
+    title = models.CharField(max_length=200, blank=True)
+    # The current branch tip: null only while the conversation is empty.
+    tip = models.ForeignKey(
+        "Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Bumped on every tip move; writers pass the version they saw (compare-and-set).
+    version = models.PositiveIntegerField(default=0)
+    forked_from = models.ForeignKey(
+        "Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks"
+    )
+    model = models.CharField(max_length=200, blank=True)
+    system_prompt = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["owner", "-updated_at"], name="conv_owner_updated")]
+
+    def __str__(self) -> str:
+        return self.title or str(self.id)
+
+
+class Message(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="messages"
+    )
+    # DO_NOTHING: messages are only ever deleted together with their whole conversation
+    # (conversation_delete removes every row in one statement), so a per-row cascade
+    # walk down a 10,000-deep chain is never needed.
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="children"
+    )
+    role = models.CharField(max_length=16, choices=Role.choices)
+    parts = models.JSONField(default=list)
+    depth = models.PositiveIntegerField(default=0)
+    origin = models.CharField(max_length=16, choices=Origin.choices, default=Origin.TURN)
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["conversation", "parent"], name="msg_conv_parent"),
+            models.Index(fields=["conversation", "depth", "created_at"], name="msg_conv_depth"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(parent__isnull=True, depth=0) | Q(parent__isnull=False, depth__gt=0),
+                name="msg_depth_matches_parent",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.role} {self.id}"
+
+
+class Blob(models.Model):
+    """An immutable image, addressed by the sha256 of its bytes."""
+
+    sha256 = models.CharField(max_length=64, primary_key=True)
+    file = models.FileField(upload_to="blobs/")
+    mime = models.CharField(max_length=64)
+    size = models.PositiveIntegerField()
+    width = models.PositiveIntegerField()
+    height = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    # Who may reference the blob: a user proves they hold the bytes by uploading them.
+    owners = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="blobs", blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.sha256[:12]} {self.mime} {self.width}x{self.height}"
+
+
+class CheckpointState(models.TextChoices):
+    LIVE = "live"
+    DROPPED = "dropped"
+
+
+class CheckpointSource(models.TextChoices):
+    USER = "user"
+    MODEL = "model"
+
+
+class Checkpoint(models.Model):
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="checkpoints"
+    )
+    label = models.CharField(max_length=100)
+    # Never re-pointed: a checkpoint whose target is lost is marked dropped instead.
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="checkpoints")
+    state = models.CharField(
+        max_length=16, choices=CheckpointState.choices, default=CheckpointState.LIVE
+    )
+    reason = models.TextField(blank=True)
+    source = models.CharField(
+        max_length=16, choices=CheckpointSource.choices, default=CheckpointSource.USER
+    )
+    # The digest appended by the most recent rewind to this checkpoint.
+    digest_message = models.ForeignKey(
+        Message, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["conversation", "label"],
+                condition=Q(state="live"),
+                name="checkpoint_live_label_unique",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.label} ({self.state})"
+
+
+class ApiToken(models.Model):
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=100)
+    # sha256 of the secret; the secret itself is shown once and never stored.
+    token_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"

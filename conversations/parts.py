@@ -1,0 +1,236 @@
+"""Validation of message parts. Pure Python: no database access here.
+
+Part shapes (DESIGN.md §2)::
+
+    {"type": "text", "text": str}
+    {"type": "image", "blob": sha256, "mime": str, "width": int, "height": int}
+    {"type": "tool_call", "id": str, "name": str, "arguments": {...}}
+    {"type": "tool_result", "call_id": str, "is_error": bool, "parts": [text | image]}
+    {"type": "thinking", "text": str, "signature"?: str}
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from conversations.errors import InvalidInput
+
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+ROLES = ("system", "user", "assistant", "tool")
+MAX_ID_CHARS = 200
+
+Part = dict[str, Any]
+
+
+@dataclass
+class DraftMessage:
+    """A validated message that is not yet written."""
+
+    role: str
+    parts: list[Part]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class _Errors:
+    def __init__(self) -> None:
+        self.items: list[dict[str, str]] = []
+
+    def add(self, loc: str, msg: str) -> None:
+        self.items.append({"loc": loc, "msg": msg})
+
+
+def _check_str(
+    errors: _Errors, loc: str, value: Any, *, max_chars: int, allow_empty: bool = True
+) -> None:
+    if not isinstance(value, str):
+        errors.add(loc, "must be a string")
+    elif not allow_empty and not value.strip():
+        errors.add(loc, "must not be empty")
+    elif len(value) > max_chars:
+        errors.add(loc, f"is longer than {max_chars} characters")
+    elif "\x00" in value:
+        errors.add(loc, "contains a NUL character")
+
+
+def _clean_part(
+    errors: _Errors, loc: str, part: Any, *, role: str, max_chars: int, nested: bool = False
+) -> Part | None:
+    if not isinstance(part, dict):
+        errors.add(loc, "a part must be an object")
+        return None
+    kind = part.get("type")
+    allowed: dict[str, set[str]] = {
+        "text": {"type", "text"},
+        "image": {"type", "blob", "mime", "width", "height"},
+        "tool_call": {"type", "id", "name", "arguments"},
+        "tool_result": {"type", "call_id", "is_error", "parts"},
+        "thinking": {"type", "text", "signature"},
+    }
+    if kind not in allowed:
+        errors.add(f"{loc}.type", f"unknown part type {kind!r}; expected one of {sorted(allowed)}")
+        return None
+    extra = set(part) - allowed[kind]
+    if extra:
+        errors.add(loc, f"unexpected keys {sorted(extra)} for a {kind} part")
+    if nested and kind not in {"text", "image"}:
+        errors.add(loc, "a tool result may only contain text and image parts")
+        return None
+
+    if kind == "text":
+        _check_str(errors, f"{loc}.text", part.get("text"), max_chars=max_chars)
+        return {"type": "text", "text": part.get("text")}
+    if kind == "image":
+        blob = part.get("blob")
+        if not isinstance(blob, str) or not SHA256_RE.match(blob):
+            errors.add(f"{loc}.blob", "must be the lowercase hex sha256 of an uploaded blob")
+            return None
+        # mime and size are filled in from the Blob row, never trusted from the client.
+        return {"type": "image", "blob": blob}
+    if kind == "thinking":
+        if role != "assistant":
+            errors.add(loc, "thinking parts belong to assistant messages")
+        _check_str(errors, f"{loc}.text", part.get("text"), max_chars=max_chars)
+        out: Part = {"type": "thinking", "text": part.get("text")}
+        if "signature" in part:
+            _check_str(errors, f"{loc}.signature", part["signature"], max_chars=max_chars)
+            out["signature"] = part["signature"]
+        return out
+    if kind == "tool_call":
+        if role != "assistant":
+            errors.add(loc, "tool calls belong to assistant messages")
+        _check_str(errors, f"{loc}.id", part.get("id"), max_chars=MAX_ID_CHARS, allow_empty=False)
+        _check_str(
+            errors, f"{loc}.name", part.get("name"), max_chars=MAX_ID_CHARS, allow_empty=False
+        )
+        arguments = part.get("arguments", {})
+        if not isinstance(arguments, dict):
+            errors.add(f"{loc}.arguments", "must be an object")
+        return {
+            "type": "tool_call",
+            "id": part.get("id"),
+            "name": part.get("name"),
+            "arguments": arguments,
+        }
+    # tool_result
+    if role != "tool":
+        errors.add(loc, "tool results belong to tool messages")
+    _check_str(
+        errors, f"{loc}.call_id", part.get("call_id"), max_chars=MAX_ID_CHARS, allow_empty=False
+    )
+    is_error = part.get("is_error", False)
+    if not isinstance(is_error, bool):
+        errors.add(f"{loc}.is_error", "must be true or false")
+    inner = part.get("parts", [])
+    if not isinstance(inner, list):
+        errors.add(f"{loc}.parts", "must be a list")
+        inner = []
+    cleaned = [
+        _clean_part(errors, f"{loc}.parts[{i}]", p, role=role, max_chars=max_chars, nested=True)
+        for i, p in enumerate(inner)
+    ]
+    return {
+        "type": "tool_result",
+        "call_id": part.get("call_id"),
+        "is_error": is_error,
+        "parts": [p for p in cleaned if p is not None],
+    }
+
+
+def clean_messages(raw: Any, *, max_messages: int, max_chars: int) -> list[DraftMessage]:
+    """Validate a list of ``{role, parts, metadata?}`` objects; raise InvalidInput listing
+    every problem at once."""
+    errors = _Errors()
+    if not isinstance(raw, list) or not raw:
+        raise InvalidInput("messages must be a non-empty list")
+    if len(raw) > max_messages:
+        raise InvalidInput(f"a turn holds at most {max_messages} messages, got {len(raw)}")
+    drafts: list[DraftMessage] = []
+    for i, item in enumerate(raw):
+        loc = f"messages[{i}]"
+        if not isinstance(item, dict):
+            errors.add(loc, "must be an object")
+            continue
+        role = item.get("role")
+        if role not in ROLES:
+            errors.add(f"{loc}.role", f"must be one of {list(ROLES)}")
+            continue
+        parts = item.get("parts")
+        if not isinstance(parts, list) or not parts:
+            errors.add(f"{loc}.parts", "must be a non-empty list")
+            continue
+        cleaned = [
+            _clean_part(errors, f"{loc}.parts[{j}]", p, role=role, max_chars=max_chars)
+            for j, p in enumerate(parts)
+        ]
+        if role == "tool" and any(p and p["type"] != "tool_result" for p in cleaned):
+            errors.add(f"{loc}.parts", "a tool message holds only tool_result parts")
+        if role == "system" and any(p and p["type"] != "text" for p in cleaned):
+            errors.add(f"{loc}.parts", "a system message holds only text parts")
+        metadata = item.get("metadata", {})
+        if not isinstance(metadata, dict):
+            errors.add(f"{loc}.metadata", "must be an object")
+            metadata = {}
+        drafts.append(
+            DraftMessage(role=role, parts=[p for p in cleaned if p is not None], metadata=metadata)
+        )
+    if errors.items:
+        raise InvalidInput("the messages are not valid", errors=errors.items)
+    return drafts
+
+
+def tool_calls(parts: Iterable[Part]) -> Iterator[Part]:
+    return (p for p in parts if p["type"] == "tool_call")
+
+
+def tool_results(parts: Iterable[Part]) -> Iterator[Part]:
+    return (p for p in parts if p["type"] == "tool_result")
+
+
+def image_blobs(parts: Iterable[Part]) -> Iterator[str]:
+    for p in parts:
+        if p["type"] == "image":
+            yield p["blob"]
+        elif p["type"] == "tool_result":
+            yield from image_blobs(p["parts"])
+
+
+def check_turn_pairing(drafts: list[DraftMessage]) -> None:
+    """A turn is complete: every tool call is answered by a result later in the same turn,
+    every result answers a call made earlier in it, and the turn does not end waiting on a
+    tool (it ends with a user message or an assistant message without tool calls)."""
+    errors = _Errors()
+    open_calls: dict[str, int] = {}
+    seen_calls: set[str] = set()
+    for i, draft in enumerate(drafts):
+        for part in draft.parts:
+            if part["type"] == "tool_call":
+                if part["id"] in seen_calls:
+                    errors.add(f"messages[{i}]", f"tool call id {part['id']!r} is used twice")
+                seen_calls.add(part["id"])
+                open_calls[part["id"]] = i
+            elif part["type"] == "tool_result":
+                if part["call_id"] not in open_calls:
+                    errors.add(
+                        f"messages[{i}]",
+                        f"tool result for {part['call_id']!r} has no earlier tool call "
+                        "in this turn",
+                    )
+                else:
+                    del open_calls[part["call_id"]]
+    for call_id, i in open_calls.items():
+        errors.add(f"messages[{i}]", f"tool call {call_id!r} has no tool result in this turn")
+    last = drafts[-1]
+    if last.role == "tool" or (last.role == "assistant" and any(tool_calls(last.parts))):
+        errors.add(
+            f"messages[{len(drafts) - 1}]",
+            "a turn must end at a boundary: a user message or a final assistant message",
+        )
+    if errors.items:
+        raise InvalidInput(
+            "the turn is not complete: tool calls and results must pair up",
+            code="unpaired_tool_call",
+            errors=errors.items,
+        )

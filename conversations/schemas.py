@@ -1,0 +1,174 @@
+"""API shapes. Message parts are checked in depth by conversations.parts, which names
+every problem at once; the schemas here only fix the outer shape."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from ninja import Field, Schema
+
+
+class ErrorOut(Schema):
+    error: str
+    detail: str
+
+
+class ConversationIn(Schema):
+    title: str = Field("", max_length=200)
+    system_prompt: str = Field("", max_length=200_000)
+    model: str = Field("", max_length=200)
+
+
+class ForkLink(Schema):
+    id: uuid.UUID
+    title: str
+    forked_from: uuid.UUID | None
+
+
+class ConversationOut(Schema):
+    id: uuid.UUID
+    title: str
+    tip: uuid.UUID | None
+    version: int
+    forked_from: uuid.UUID | None
+    forked_from_conversation: uuid.UUID | None
+    model: str
+    system_prompt: str
+    message_count: int
+    created_at: datetime
+    updated_at: datetime
+
+
+class ConversationDetailOut(ConversationOut):
+    forks: list[ForkLink]
+
+
+class ConversationPageOut(Schema):
+    items: list[ConversationOut]
+    next_cursor: str | None
+
+
+class MessageIn(Schema):
+    role: str
+    parts: list[Any]
+    metadata: dict[str, Any] = {}
+
+
+class MessageOut(Schema):
+    id: uuid.UUID
+    parent: uuid.UUID | None
+    role: str
+    parts: list[dict[str, Any]]
+    depth: int
+    origin: str
+    metadata: dict[str, Any]
+    created_at: datetime
+
+
+class SiblingsOut(Schema):
+    ids: list[uuid.UUID]
+    index: int
+
+
+class MessageDetailOut(MessageOut):
+    conversation: uuid.UUID
+    siblings: SiblingsOut
+
+
+class PathOut(Schema):
+    conversation: uuid.UUID
+    tip: uuid.UUID | None
+    messages: list[MessageOut]
+
+
+class TreeNodeOut(Schema):
+    id: uuid.UUID
+    parent: uuid.UUID | None
+    role: str
+    origin: str
+    preview: str
+    depth: int
+    child_count: int
+
+
+class TreePageOut(Schema):
+    conversation: uuid.UUID
+    tip: uuid.UUID | None
+    nodes: list[TreeNodeOut]
+    next_cursor: str | None
+
+
+class TurnIn(Schema):
+    parent: uuid.UUID | None
+    expected_version: int
+    messages: list[MessageIn]
+
+
+class TurnOut(Schema):
+    tip: uuid.UUID
+    version: int
+    message_ids: list[uuid.UUID]
+
+
+class TipIn(Schema):
+    message: uuid.UUID
+    expected_version: int
+
+
+class TipOut(Schema):
+    tip: uuid.UUID | None
+    version: int
+
+
+class EditIn(Schema):
+    parts: list[Any]
+    expected_version: int
+
+
+class RegenerateIn(Schema):
+    messages: list[MessageIn]
+    expected_version: int
+
+
+class ForkIn(Schema):
+    title: str = Field("", max_length=200)
+    scope: str = "path"
+
+
+class CheckpointIn(Schema):
+    label: str
+
+
+class CheckpointOut(Schema):
+    id: int
+    label: str
+    message: uuid.UUID
+    state: str
+    reason: str
+    source: str
+    digest_message: uuid.UUID | None
+    created_at: datetime
+
+
+class RewindIn(Schema):
+    label: str
+    digest: str | None = None
+    expected_version: int | None = None
+
+
+class RewindOut(Schema):
+    tip: uuid.UUID
+    version: int
+    digest_message: uuid.UUID
+    abandoned_tip: uuid.UUID | None
+    checkpoint: CheckpointOut
+
+
+class BlobOut(Schema):
+    sha256: str
+    mime: str
+    size: int
+    width: int
+    height: int

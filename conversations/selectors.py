@@ -1,0 +1,230 @@
+"""Reads over the tree. Each function is a fixed, small number of queries."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import connection
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Coalesce
+
+from conversations.errors import InvalidInput, NotFound
+from conversations.models import Checkpoint, Conversation, Message
+
+User = AbstractBaseUser | AnonymousUser
+
+
+def _db_uuid(value: uuid.UUID) -> Any:
+    """A UUID as the backend stores it (32 hex chars on SQLite, native uuid on PostgreSQL),
+    for raw SQL parameters."""
+    return Message._meta.pk.get_db_prep_value(value, connection)
+
+
+def _parse_uuid(value: str | uuid.UUID, what: str) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise NotFound(f"no such {what}: {value!r}") from None
+
+
+def conversation_get(*, user: User, conversation_id: str | uuid.UUID) -> Conversation:
+    """The user's conversation, or NotFound: another user's id answers exactly like a
+    missing one."""
+    cid = _parse_uuid(conversation_id, "conversation")
+    try:
+        return Conversation.objects.get(pk=cid, owner_id=user.pk)
+    except Conversation.DoesNotExist:
+        raise NotFound(f"no such conversation: {cid}") from None
+
+
+def message_get(*, user: User, message_id: str | uuid.UUID) -> Message:
+    mid = _parse_uuid(message_id, "message")
+    try:
+        return Message.objects.select_related("conversation").get(
+            pk=mid, conversation__owner_id=user.pk
+        )
+    except Message.DoesNotExist:
+        raise NotFound(f"no such message: {mid}") from None
+
+
+_PATH_SQL = """
+WITH RECURSIVE path(id, parent_id) AS (
+    SELECT id, parent_id FROM {table} WHERE id = %s AND conversation_id = %s
+    UNION ALL
+    SELECT m.id, m.parent_id FROM {table} m JOIN path p ON m.id = p.parent_id
+)
+SELECT {columns} FROM {table} JOIN path ON {table}.id = path.id
+ORDER BY {table}.depth
+"""
+
+
+def message_path(*, conversation_id: uuid.UUID, tip_id: uuid.UUID | None) -> list[Message]:
+    """The messages root→tip, in one recursive query (SQLite and PostgreSQL alike)."""
+    if tip_id is None:
+        return []
+    table = Message._meta.db_table
+    columns = ", ".join(f"{table}.{f.column}" for f in Message._meta.concrete_fields)
+    sql = _PATH_SQL.format(table=table, columns=columns)
+    return list(Message.objects.raw(sql, [_db_uuid(tip_id), _db_uuid(conversation_id)]))
+
+
+_SUBTREE_SQL = """
+WITH RECURSIVE sub(id) AS (
+    SELECT id FROM {table} WHERE id = %s AND conversation_id = %s
+    UNION ALL
+    SELECT m.id FROM {table} m JOIN sub s ON m.parent_id = s.id
+)
+SELECT {columns} FROM {table} JOIN sub ON {table}.id = sub.id
+ORDER BY {table}.depth, {table}.created_at, {table}.id
+"""
+
+
+def message_subtree(*, conversation_id: uuid.UUID, root_id: uuid.UUID) -> list[Message]:
+    """A message and every descendant, parents before children, in one query."""
+    table = Message._meta.db_table
+    columns = ", ".join(f"{table}.{f.column}" for f in Message._meta.concrete_fields)
+    sql = _SUBTREE_SQL.format(table=table, columns=columns)
+    return list(Message.objects.raw(sql, [_db_uuid(root_id), _db_uuid(conversation_id)]))
+
+
+@dataclass(frozen=True)
+class Siblings:
+    ids: list[uuid.UUID]
+    index: int
+
+
+def message_siblings(*, message: Message) -> Siblings:
+    """The message's siblings (itself included) in creation order, with its index."""
+    ids = list(
+        Message.objects.filter(conversation_id=message.conversation_id, parent_id=message.parent_id)
+        .order_by("created_at", "id")
+        .values_list("id", flat=True)
+    )
+    return Siblings(ids=ids, index=ids.index(message.id))
+
+
+def message_children(*, message: Message) -> QuerySet[Message]:
+    return Message.objects.filter(
+        conversation_id=message.conversation_id, parent_id=message.pk
+    ).order_by("created_at", "id")
+
+
+def preview(parts: list[dict[str, Any]], limit: int = 80) -> str:
+    """A one-line text preview of a message's parts."""
+    bits: list[str] = []
+    for part in parts:
+        kind = part.get("type")
+        if kind == "text":
+            bits.append(part.get("text", ""))
+        elif kind == "tool_call":
+            bits.append(f"[call {part.get('name')}]")
+        elif kind == "tool_result":
+            bits.append("[tool result]" + (" error" if part.get("is_error") else ""))
+        elif kind == "image":
+            bits.append("[image]")
+        elif kind == "thinking":
+            bits.append("[thinking]")
+        if sum(len(b) for b in bits) > limit:
+            break
+    text = " ".join(" ".join(bits).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _encode_cursor(*values: Any) -> str:
+    raw = "|".join(v.isoformat() if isinstance(v, datetime) else str(v) for v in values)
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str, count: int) -> list[str]:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        values = base64.urlsafe_b64decode(padded.encode()).decode().split("|")
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidInput("the cursor is not valid", code="bad_cursor") from None
+    if len(values) != count:
+        raise InvalidInput("the cursor is not valid", code="bad_cursor")
+    return values
+
+
+@dataclass
+class Page:
+    items: list[Any]
+    next_cursor: str | None
+
+
+def tree_page(*, conversation: Conversation, cursor: str | None, limit: int) -> Page:
+    """Nodes of the whole tree, breadth-first (depth, created_at, id), keyset-paged, each
+    with its child count — one query per page."""
+    child_count = (
+        Message.objects.filter(parent_id=OuterRef("pk"))
+        .order_by()
+        .values("parent_id")
+        .annotate(n=Count("id"))
+        .values("n")
+    )
+    qs = (
+        Message.objects.filter(conversation=conversation)
+        .annotate(child_count=Coalesce(Subquery(child_count), 0))
+        .order_by("depth", "created_at", "id")
+    )
+    if cursor:
+        depth_s, created_s, id_s = _decode_cursor(cursor, 3)
+        try:
+            depth, created, mid = int(depth_s), datetime.fromisoformat(created_s), uuid.UUID(id_s)
+        except ValueError:
+            raise InvalidInput("the cursor is not valid", code="bad_cursor") from None
+        qs = qs.filter(
+            Q(depth__gt=depth)
+            | Q(depth=depth, created_at__gt=created)
+            | Q(depth=depth, created_at=created, id__gt=mid)
+        )
+    rows = list(qs[: limit + 1])
+    next_cursor = None
+    if len(rows) > limit:
+        rows = rows[:limit]
+        last = rows[-1]
+        next_cursor = _encode_cursor(last.depth, last.created_at, last.id)
+    return Page(items=rows, next_cursor=next_cursor)
+
+
+def conversation_page(*, user: User, q: str, cursor: str | None, limit: int) -> Page:
+    """The user's conversations, most recently updated first, keyset-paged."""
+    qs = Conversation.objects.filter(owner_id=user.pk).annotate(message_count=Count("messages"))
+    if q:
+        qs = qs.filter(title__icontains=q)
+    qs = qs.order_by("-updated_at", "-id")
+    if cursor:
+        updated_s, id_s = _decode_cursor(cursor, 2)
+        try:
+            updated, cid = datetime.fromisoformat(updated_s), uuid.UUID(id_s)
+        except ValueError:
+            raise InvalidInput("the cursor is not valid", code="bad_cursor") from None
+        qs = qs.filter(Q(updated_at__lt=updated) | Q(updated_at=updated, id__lt=cid))
+    rows = list(qs[: limit + 1])
+    next_cursor = None
+    if len(rows) > limit:
+        rows = rows[:limit]
+        next_cursor = _encode_cursor(rows[-1].updated_at, rows[-1].id)
+    return Page(items=rows, next_cursor=next_cursor)
+
+
+def conversation_forks(*, conversation: Conversation) -> QuerySet[Conversation]:
+    """Conversations forked from any message of this one."""
+    return Conversation.objects.filter(
+        forked_from__conversation=conversation, owner_id=conversation.owner_id
+    ).order_by("created_at")
+
+
+def message_count(*, conversation: Conversation) -> int:
+    return Message.objects.filter(conversation=conversation).count()
+
+
+def checkpoint_list(*, conversation: Conversation) -> QuerySet[Checkpoint]:
+    return Checkpoint.objects.filter(conversation=conversation).order_by("created_at", "id")

@@ -1,0 +1,652 @@
+"""Writes to the tree. Every function here either commits all of its work or none of it.
+
+Tip moves are compare-and-set on ``Conversation.version``: the caller passes the version
+it saw, and a stale one raises StaleVersion (HTTP 409) with nothing written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import secrets
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.core.files.base import ContentFile
+from django.core.files.storage import default_storage
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Exists, F
+from django.utils import timezone
+from PIL import Image, UnidentifiedImageError
+
+from conversations import selectors
+from conversations.errors import ArborError, Conflict, InvalidInput, NotFound, StaleVersion
+from conversations.models import (
+    ApiToken,
+    Blob,
+    Checkpoint,
+    CheckpointSource,
+    CheckpointState,
+    Conversation,
+    Message,
+    Origin,
+    Role,
+)
+from conversations.parts import (
+    DraftMessage,
+    check_turn_pairing,
+    clean_messages,
+    image_blobs,
+    tool_calls,
+)
+
+
+@dataclass(frozen=True)
+class TipState:
+    tip: uuid.UUID | None
+    version: int
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    tip: uuid.UUID
+    version: int
+    message_ids: list[uuid.UUID]
+
+
+# --- conversations -------------------------------------------------------------------
+
+
+def conversation_create(
+    *, owner: User, title: str = "", system_prompt: str = "", model: str = ""
+) -> Conversation:
+    return Conversation.objects.create(
+        owner=owner, title=title.strip(), system_prompt=system_prompt, model=model
+    )
+
+
+def conversation_delete(*, conversation: Conversation) -> None:
+    """Delete a conversation and all of its messages.
+
+    Messages go in one statement rather than Django's per-level cascade walk, which
+    would cost a query per depth level on a long chain. Forks made from it keep their
+    own copies and only lose the ``forked_from`` link.
+    """
+    with transaction.atomic():
+        Conversation.objects.filter(forked_from__conversation=conversation).update(forked_from=None)
+        Conversation.objects.filter(pk=conversation.pk).update(tip=None)
+        Checkpoint.objects.filter(conversation=conversation).delete()
+        Message.objects.filter(conversation=conversation)._raw_delete(connection.alias)
+        Conversation.objects.filter(pk=conversation.pk).delete()
+
+
+# --- turns and tip moves -------------------------------------------------------------
+
+
+def _resolve_images(drafts: list[DraftMessage], *, owner_id: Any) -> None:
+    """Fill image parts from their Blob rows; an unknown blob, or one the user never
+    uploaded, is rejected."""
+    wanted = {sha for d in drafts for sha in image_blobs(d.parts)}
+    if not wanted:
+        return
+    blobs = {b.sha256: b for b in Blob.objects.filter(sha256__in=wanted, owners__id=owner_id)}
+    missing = sorted(wanted - blobs.keys())
+    if missing:
+        raise InvalidInput(
+            "image parts name blobs that were not uploaded by this user",
+            code="unknown_blob",
+            blobs=missing,
+        )
+
+    def fill(parts: list[dict[str, Any]]) -> None:
+        for part in parts:
+            if part["type"] == "image":
+                blob = blobs[part["blob"]]
+                part.update(mime=blob.mime, width=blob.width, height=blob.height)
+            elif part["type"] == "tool_result":
+                fill(part["parts"])
+
+    for draft in drafts:
+        fill(draft.parts)
+
+
+def _lock_conversation(conversation: Conversation, expected_version: int | None) -> Conversation:
+    """Lock the conversation row for the rest of the transaction and check the version."""
+    conv = (
+        Conversation.objects.select_for_update()
+        .only("id", "owner_id", "tip_id", "version")
+        .get(pk=conversation.pk)
+    )
+    if expected_version is not None and conv.version != expected_version:
+        raise StaleVersion(tip=str(conv.tip_id) if conv.tip_id else None, version=conv.version)
+    return conv
+
+
+def turn_append(
+    *,
+    conversation: Conversation,
+    parent_id: uuid.UUID | str | None,
+    expected_version: int,
+    messages: list[Any] | list[DraftMessage],
+    origin: str = Origin.TURN,
+) -> TurnResult:
+    """Append one whole turn below ``parent_id`` and move the tip to its last message, in
+    one transaction. A turn whose tool calls and results do not pair up is rejected with
+    nothing written."""
+    if messages and all(isinstance(m, DraftMessage) for m in messages):
+        drafts = [m for m in messages if isinstance(m, DraftMessage)]
+    else:
+        drafts = clean_messages(
+            messages,
+            max_messages=settings.ARBOR_MAX_TURN_MESSAGES,
+            max_chars=settings.ARBOR_MAX_PART_CHARS,
+        )
+    check_turn_pairing(drafts)
+
+    with transaction.atomic():
+        conv = _lock_conversation(conversation, expected_version)
+        depth = 0
+        previous: uuid.UUID | None = None
+        if parent_id is not None:
+            try:
+                pid = uuid.UUID(str(parent_id))
+            except ValueError:
+                raise InvalidInput(
+                    f"parent {parent_id!r} is not a message id", code="bad_parent"
+                ) from None
+            parent = Message.objects.filter(pk=pid, conversation_id=conv.pk).only("depth").first()
+            if parent is None:
+                raise InvalidInput(
+                    f"parent {pid} is not a message of this conversation", code="bad_parent"
+                )
+            depth = parent.depth + 1
+            previous = pid
+        _resolve_images(drafts, owner_id=conv.owner_id)
+
+        now = timezone.now()
+        rows: list[Message] = []
+        for i, draft in enumerate(drafts):
+            row = Message(
+                id=uuid.uuid4(),
+                conversation_id=conv.pk,
+                parent_id=previous,
+                role=draft.role,
+                parts=draft.parts,
+                depth=depth + i,
+                origin=origin if i == 0 else Origin.TURN,
+                metadata=draft.metadata,
+                # Distinct timestamps keep creation order stable for sibling listings.
+                created_at=now + timedelta(microseconds=i),
+            )
+            rows.append(row)
+            previous = row.id
+        Message.objects.bulk_create(rows)
+        tip = rows[-1].id
+        updated = Conversation.objects.filter(pk=conv.pk, version=conv.version).update(
+            tip_id=tip, version=F("version") + 1, updated_at=now
+        )
+        if updated != 1:  # pragma: no cover - the row lock above makes this unreachable
+            raise StaleVersion(tip=str(conv.tip_id), version=conv.version)
+    return TurnResult(tip=tip, version=conv.version + 1, message_ids=[r.id for r in rows])
+
+
+def tip_move(
+    *, conversation: Conversation, message_id: uuid.UUID | str, expected_version: int
+) -> TipState:
+    """Move the tip to any message of the conversation: one guarded UPDATE. Nothing else
+    is written; the branch left behind stays as it is."""
+    try:
+        mid = uuid.UUID(str(message_id))
+    except ValueError:
+        raise NotFound(f"no such message: {message_id!r}") from None
+    in_conversation = Message.objects.filter(pk=mid, conversation_id=conversation.pk)
+    updated = (
+        Conversation.objects.filter(pk=conversation.pk, version=expected_version)
+        .filter(Exists(in_conversation))
+        .update(tip_id=mid, version=F("version") + 1, updated_at=timezone.now())
+    )
+    if updated == 1:
+        return TipState(tip=mid, version=expected_version + 1)
+    # The update matched nothing: say why, without writing anything.
+    if not in_conversation.exists():
+        raise NotFound(f"no such message in this conversation: {mid}")
+    current = Conversation.objects.values("tip_id", "version").get(pk=conversation.pk)
+    raise StaleVersion(
+        tip=str(current["tip_id"]) if current["tip_id"] else None, version=current["version"]
+    )
+
+
+def message_edit(
+    *,
+    conversation: Conversation,
+    message_id: uuid.UUID | str,
+    parts: list[Any],
+    expected_version: int,
+) -> TurnResult:
+    """Edit a user prompt: append the new text as a sibling of the original (same parent)
+    and move the tip to it. The original and everything below it stay."""
+    original = _message_in(conversation, message_id)
+    if original.role != Role.USER:
+        raise InvalidInput("only user messages can be edited", code="not_editable")
+    return turn_append(
+        conversation=conversation,
+        parent_id=original.parent_id,
+        expected_version=expected_version,
+        messages=[{"role": Role.USER, "parts": parts}],
+        origin=Origin.EDIT,
+    )
+
+
+def message_regenerate(
+    *,
+    conversation: Conversation,
+    message_id: uuid.UUID | str,
+    messages: list[Any],
+    expected_version: int,
+) -> TurnResult:
+    """Append a new answer as a sibling of an assistant message (same parent)."""
+    original = _message_in(conversation, message_id)
+    if original.role != Role.ASSISTANT:
+        raise InvalidInput("only assistant answers can be regenerated", code="not_regenerable")
+    if not messages or not isinstance(messages[0], dict) or messages[0].get("role") != "assistant":
+        raise InvalidInput("a regenerated answer starts with an assistant message")
+    return turn_append(
+        conversation=conversation,
+        parent_id=original.parent_id,
+        expected_version=expected_version,
+        messages=messages,
+        origin=Origin.REGENERATE,
+    )
+
+
+def _message_in(conversation: Conversation, message_id: uuid.UUID | str) -> Message:
+    try:
+        mid = uuid.UUID(str(message_id))
+        return Message.objects.get(pk=mid, conversation_id=conversation.pk)
+    except (ValueError, Message.DoesNotExist):
+        raise NotFound(f"no such message in this conversation: {message_id}") from None
+
+
+# --- fork ----------------------------------------------------------------------------
+
+
+class ForkScope:
+    PATH = "path"
+    SUBTREE = "subtree"
+    CHOICES = (PATH, SUBTREE)
+
+
+def _insert_messages(rows: list[Message]) -> None:
+    """Insert many messages in a single statement whatever their number.
+
+    ``bulk_create`` splits into batches of ~100 rows on SQLite (999 parameters a query),
+    so a 10,000-message fork would cost 100 queries. Instead the rows travel as one
+    JSON parameter that the database unpacks itself (json_each / jsonb_to_recordset).
+    """
+    if not rows:
+        return
+    table = connection.ops.quote_name(Message._meta.db_table)
+    if connection.vendor == "postgresql":
+        payload = [
+            {
+                "id": str(r.id),
+                "conversation_id": str(r.conversation_id),
+                "parent_id": str(r.parent_id) if r.parent_id else None,
+                "role": r.role,
+                "parts": r.parts,
+                "depth": r.depth,
+                "origin": r.origin,
+                "metadata": r.metadata,
+                "created_at": r.created_at.isoformat(),
+            }
+            for r in rows
+        ]
+        sql = f"""
+            INSERT INTO {table}
+                (id, conversation_id, parent_id, role, parts, depth, origin, metadata, created_at)
+            SELECT id, conversation_id, parent_id, role, parts, depth, origin, metadata, created_at
+            FROM jsonb_to_recordset(%s::jsonb) AS x(
+                id uuid, conversation_id uuid, parent_id uuid, role varchar, parts jsonb,
+                depth integer, origin varchar, metadata jsonb, created_at timestamptz)
+        """
+    elif connection.vendor == "sqlite":
+        adapt = connection.ops.adapt_datetimefield_value
+        payload = [
+            {
+                "id": r.id.hex,
+                "conversation_id": r.conversation_id.hex,
+                "parent_id": r.parent_id.hex if r.parent_id else None,
+                "role": r.role,
+                # Stored exactly as Django's JSONField would store them.
+                "parts": json.dumps(r.parts),
+                "depth": r.depth,
+                "origin": r.origin,
+                "metadata": json.dumps(r.metadata),
+                "created_at": adapt(r.created_at),
+            }
+            for r in rows
+        ]
+        cols = ("id", "conversation_id", "parent_id", "role", "parts", "depth", "origin",
+                "metadata", "created_at")  # fmt: skip
+        select = ", ".join(f"json_extract(value, '$.{c}')" for c in cols)
+        sql = f"INSERT INTO {table} ({', '.join(cols)}) SELECT {select} FROM json_each(%s)"
+    else:  # pragma: no cover - other backends are not supported
+        Message.objects.bulk_create(rows)
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [json.dumps(payload)])
+
+
+def conversation_fork(
+    *, message: Message, owner: User, title: str = "", scope: str = ForkScope.PATH
+) -> Conversation:
+    """Copy the root→message path (and with scope=subtree, everything below the message)
+    into a new conversation with new ids. No row is shared with the source, so neither
+    sees the other's later messages. Live checkpoints on the copied messages come along.
+    A constant number of queries, whatever the path length."""
+    if scope not in ForkScope.CHOICES:
+        raise InvalidInput(f"scope must be one of {list(ForkScope.CHOICES)}", code="bad_scope")
+    source = message.conversation
+    nodes = selectors.message_path(conversation_id=source.pk, tip_id=message.pk)
+    if scope == ForkScope.SUBTREE:
+        nodes += selectors.message_subtree(conversation_id=source.pk, root_id=message.pk)[1:]
+    live = list(
+        Checkpoint.objects.filter(conversation=source, state=CheckpointState.LIVE).order_by(
+            "created_at", "id"
+        )
+    )
+
+    id_map = {node.id: uuid.uuid4() for node in nodes}
+    if scope == ForkScope.SUBTREE and source.tip_id in id_map:
+        new_tip = id_map[source.tip_id]
+    else:
+        new_tip = id_map[message.pk]
+    with transaction.atomic():
+        # The tip may name a message inserted just below: both foreign keys are checked
+        # at commit (Django creates them DEFERRABLE INITIALLY DEFERRED).
+        fork = Conversation.objects.create(
+            owner=owner,
+            title=(title.strip() or f"Fork of {source.title or 'conversation'}")[:200],
+            tip_id=new_tip,
+            forked_from=message,
+            model=source.model,
+            system_prompt=source.system_prompt,
+        )
+        copies = [
+            Message(
+                id=id_map[node.id],
+                conversation_id=fork.pk,
+                parent_id=id_map[node.parent_id] if node.parent_id else None,
+                role=node.role,
+                parts=node.parts,
+                depth=node.depth,
+                origin=Origin.FORK,
+                metadata={**node.metadata, "fork_of": str(node.id), "fork_origin": node.origin},
+                created_at=node.created_at,
+            )
+            for node in nodes
+        ]
+        _insert_messages(copies)
+        checkpoint_copies = [
+            Checkpoint(
+                conversation=fork,
+                label=cp.label,
+                message_id=id_map[cp.message_id],
+                source=cp.source,
+                digest_message_id=id_map.get(cp.digest_message_id)
+                if cp.digest_message_id
+                else None,
+            )
+            for cp in live
+            if cp.message_id in id_map
+        ]
+        if checkpoint_copies:
+            Checkpoint.objects.bulk_create(checkpoint_copies)
+    return fork
+
+
+# --- checkpoints and rewind ----------------------------------------------------------
+
+
+def _is_boundary(message: Message) -> bool:
+    """A clean turn boundary: nothing is waiting on a tool."""
+    if message.role == Role.TOOL:
+        return False
+    return not (message.role == Role.ASSISTANT and any(tool_calls(message.parts)))
+
+
+def _clean_label(label: Any) -> str:
+    if not isinstance(label, str) or not label.strip():
+        raise InvalidInput("label must be a non-empty string", code="bad_label")
+    label = label.strip()
+    if len(label) > 100:
+        raise InvalidInput("label must be at most 100 characters", code="bad_label")
+    return label
+
+
+def checkpoint_create(
+    *,
+    conversation: Conversation,
+    label: str,
+    message_id: uuid.UUID | None = None,
+    source: str = CheckpointSource.USER,
+) -> Checkpoint:
+    """Label a clean turn boundary (by default the current tip)."""
+    label = _clean_label(label)
+    with transaction.atomic():
+        conv = _lock_conversation(conversation, None)
+        target_id = message_id or conv.tip_id
+        if target_id is None:
+            raise Conflict("the conversation is empty: nothing to label", code="empty")
+        target = _message_in(conv, target_id)
+        if not _is_boundary(target):
+            raise Conflict(
+                "a checkpoint must sit at a clean turn boundary, not between a tool call "
+                "and its result",
+                code="not_at_boundary",
+            )
+        if Checkpoint.objects.filter(
+            conversation=conv, label=label, state=CheckpointState.LIVE
+        ).exists():
+            raise Conflict(f"a live checkpoint is already labelled {label!r}", code="label_taken")
+        try:
+            with transaction.atomic():
+                return Checkpoint.objects.create(
+                    conversation=conv, label=label, message=target, source=source
+                )
+        except IntegrityError:  # a concurrent writer took the label first
+            raise Conflict(
+                f"a live checkpoint is already labelled {label!r}", code="label_taken"
+            ) from None
+
+
+def checkpoint_drop(*, checkpoint: Checkpoint, reason: str) -> None:
+    """Mark a checkpoint dropped. Its message is never changed: a checkpoint is either at
+    the message it was created with, or dropped."""
+    Checkpoint.objects.filter(pk=checkpoint.pk, state=CheckpointState.LIVE).update(
+        state=CheckpointState.DROPPED, reason=reason, updated_at=timezone.now()
+    )
+
+
+@dataclass(frozen=True)
+class RewindResult:
+    tip: uuid.UUID
+    version: int
+    digest_message: uuid.UUID
+    abandoned_tip: uuid.UUID | None
+    checkpoint: Checkpoint
+
+
+class CheckpointDropped(Conflict):
+    code = "checkpoint_dropped"
+
+
+def _auto_digest(explored: list[Message]) -> str:
+    """A digest built from the abandoned messages when the caller gives none."""
+    if not explored:
+        return "Nothing was explored past this checkpoint."
+    prompts = [selectors.preview(m.parts, 120) for m in explored if m.role == Role.USER]
+    tools = sorted({c["name"] for m in explored for c in tool_calls(m.parts)})
+    answers = [m for m in explored if m.role == Role.ASSISTANT and not any(tool_calls(m.parts))]
+    lines = [f"Explored {len(explored)} messages past this checkpoint."]
+    if prompts:
+        lines.append("Prompts: " + " | ".join(prompts[:5]))
+    if tools:
+        lines.append("Tools used: " + ", ".join(tools))
+    if answers:
+        lines.append("Last answer: " + selectors.preview(answers[-1].parts, 200))
+    return "\n".join(lines)
+
+
+def rewind(
+    *,
+    conversation: Conversation,
+    label: str,
+    digest: str | None = None,
+    expected_version: int | None = None,
+) -> RewindResult:
+    """Return to a checkpoint: append a digest of the abandoned branch as a new child of
+    the checkpoint's message and move the tip onto it. The abandoned branch stays in the
+    tree; the digest names its tip."""
+    label = _clean_label(label)
+    if digest is not None and (not isinstance(digest, str) or len(digest) > 100_000):
+        raise InvalidInput("digest must be a string of at most 100,000 characters")
+    with transaction.atomic():
+        conv = _lock_conversation(conversation, expected_version)
+        checkpoints = list(
+            Checkpoint.objects.filter(conversation=conv, label=label)
+            .select_related("message")
+            .order_by("-created_at", "-id")
+        )
+        live = [cp for cp in checkpoints if cp.state == CheckpointState.LIVE]
+        if not live:
+            if checkpoints:
+                raise CheckpointDropped(
+                    f"checkpoint {label!r} was dropped: {checkpoints[0].reason}",
+                    reason=checkpoints[0].reason,
+                )
+            raise NotFound(f"no checkpoint labelled {label!r}", code="unknown_checkpoint")
+        checkpoint = live[0]
+        target = checkpoint.message
+        abandoned = conv.tip_id
+        abandoned_path = selectors.message_path(conversation_id=conv.pk, tip_id=abandoned)
+        target_path = {
+            m.id for m in selectors.message_path(conversation_id=conv.pk, tip_id=target.id)
+        }
+        explored = [m for m in abandoned_path if m.id not in target_path]
+        text = digest if digest is not None and digest.strip() else _auto_digest(explored)
+        header = f"[Rewound to checkpoint '{label}'. The abandoned branch ends at {abandoned}.]"
+        now = timezone.now()
+        digest_message = Message.objects.create(
+            conversation_id=conv.pk,
+            parent=target,
+            role=Role.USER,
+            parts=[{"type": "text", "text": f"{header}\n{text}"}],
+            depth=target.depth + 1,
+            origin=Origin.DIGEST,
+            metadata={
+                "checkpoint": label,
+                "abandoned_tip": str(abandoned) if abandoned else None,
+                "explored_messages": len(explored),
+                "digest_given": digest is not None and bool(digest.strip()),
+            },
+            created_at=now,
+        )
+        Conversation.objects.filter(pk=conv.pk).update(
+            tip_id=digest_message.id, version=F("version") + 1, updated_at=now
+        )
+        Checkpoint.objects.filter(pk=checkpoint.pk).update(
+            digest_message=digest_message, updated_at=now
+        )
+    return RewindResult(
+        tip=digest_message.id,
+        version=conv.version + 1,
+        digest_message=digest_message.id,
+        abandoned_tip=abandoned,
+        checkpoint=checkpoint,
+    )
+
+
+# --- blobs and tokens ----------------------------------------------------------------
+
+_ALLOWED_IMAGE_FORMATS = {"PNG": "png", "JPEG": "jpg", "WEBP": "webp", "GIF": "gif"}
+
+
+def blob_store(*, owner: User, data: bytes) -> Blob:
+    """Store an image by the sha256 of its bytes. Only PNG, JPEG, WebP and GIF within the
+    byte and pixel limits are accepted (never SVG: it can carry script)."""
+    if len(data) > settings.ARBOR_MAX_BLOB_BYTES:
+        raise InvalidInput(
+            f"the image is {len(data)} bytes; the limit is {settings.ARBOR_MAX_BLOB_BYTES}",
+            code="blob_too_large",
+        )
+    if not data:
+        raise InvalidInput("the upload is empty", code="not_an_image")
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            kind, (width, height) = image.format, image.size
+            if width * height > settings.ARBOR_MAX_IMAGE_PIXELS:
+                raise InvalidInput(
+                    f"the image has {width * height} pixels; the limit is "
+                    f"{settings.ARBOR_MAX_IMAGE_PIXELS}",
+                    code="image_too_large",
+                )
+            image.verify()
+    except ArborError:
+        raise
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError, ValueError):
+        raise InvalidInput(
+            "the upload is not a readable PNG, JPEG, WebP or GIF image", code="not_an_image"
+        ) from None
+    if kind not in _ALLOWED_IMAGE_FORMATS:
+        raise InvalidInput(
+            f"{kind} images are not accepted; use PNG, JPEG, WebP or GIF", code="unsupported_image"
+        )
+    sha = hashlib.sha256(data).hexdigest()
+    name = f"blobs/{sha[:2]}/{sha}.{_ALLOWED_IMAGE_FORMATS[kind]}"
+    # Content-addressed: the same bytes always land at the same name, so writing the file
+    # before the row is safe even if the transaction below fails.
+    if not default_storage.exists(name):
+        default_storage.save(name, ContentFile(data))
+    with transaction.atomic():
+        blob, _ = Blob.objects.get_or_create(
+            sha256=sha,
+            defaults={
+                "file": name,
+                "mime": Image.MIME[kind],
+                "size": len(data),
+                "width": width,
+                "height": height,
+            },
+        )
+        blob.owners.add(owner)
+    return blob
+
+
+def api_token_create(*, user: User, name: str) -> tuple[ApiToken, str]:
+    """Create a token; the secret is returned once and only its hash is stored."""
+    secret = "arb_" + secrets.token_urlsafe(32)
+    token = ApiToken.objects.create(
+        user=user,
+        name=name.strip()[:100] or "token",
+        token_hash=hashlib.sha256(secret.encode()).hexdigest(),
+        prefix=secret[:10],
+    )
+    return token, secret
+
+
+def api_token_user(*, secret: str) -> User | None:
+    token = (
+        ApiToken.objects.select_related("user")
+        .filter(token_hash=hashlib.sha256(secret.encode()).hexdigest(), user__is_active=True)
+        .first()
+    )
+    if token is None:
+        return None
+    ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+    return token.user

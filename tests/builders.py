@@ -1,0 +1,69 @@
+"""A tiny tree builder, so a test can say "a>b>c, b>d" in one line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+
+from conversations import services
+from conversations.models import Conversation, Message
+
+
+def make_user(username: str = "alice", *, staff: bool = False, password: str = "pw") -> Any:
+    return get_user_model().objects.create_user(
+        username=username, password=password, is_staff=staff
+    )
+
+
+def text(value: str) -> list[dict[str, Any]]:
+    return [{"type": "text", "text": value}]
+
+
+def build_tree(
+    conversation: Conversation,
+    spec: str,
+    *,
+    tip: str | None = None,
+    nodes: dict[str, Message] | None = None,
+) -> dict[str, Message]:
+    """Build messages from edges like ``"a>b>c, b>d"``: each name becomes a message whose
+    text is its name; a name's parent is the name before ``>`` (roots stand first).
+    Roles alternate user/assistant by depth. The tip ends on ``tip`` (default: the last
+    message created). Pass ``nodes`` from an earlier call to grow the same tree."""
+    nodes = dict(nodes or {})
+    for chain in spec.split(","):
+        names = [n.strip() for n in chain.split(">") if n.strip()]
+        parent: str | None = None
+        for name in names:
+            if name not in nodes:
+                conversation.refresh_from_db(fields=["version", "tip"])
+                depth = nodes[parent].depth + 1 if parent else 0
+                result = services.turn_append(
+                    conversation=conversation,
+                    parent_id=nodes[parent].id if parent else None,
+                    expected_version=conversation.version,
+                    messages=[
+                        {"role": "user" if depth % 2 == 0 else "assistant", "parts": text(name)}
+                    ],
+                )
+                nodes[name] = Message.objects.get(pk=result.tip)
+            parent = name
+    if tip is not None:
+        conversation.refresh_from_db(fields=["version", "tip"])
+        services.tip_move(
+            conversation=conversation,
+            message_id=nodes[tip].id,
+            expected_version=conversation.version,
+        )
+    conversation.refresh_from_db()
+    return nodes
+
+
+def new_conversation(
+    owner: AbstractBaseUser, spec: str = "", **kwargs: Any
+) -> tuple[Conversation, dict[str, Message]]:
+    conv = services.conversation_create(owner=owner, title=kwargs.pop("title", "test"))
+    nodes = build_tree(conv, spec, **kwargs) if spec else {}
+    return conv, nodes
