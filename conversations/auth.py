@@ -21,7 +21,7 @@ class BearerToken(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str) -> Any:
         user = api_token_user(secret=token)
         if user is not None:
-            request.user = user  # type: ignore[assignment]
+            request.user = user
         return user
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 
 from conversations import services
 from conversations.models import Conversation, Message
@@ -62,7 +62,7 @@ def build_tree(
 
 
 def new_conversation(
-    owner: AbstractBaseUser, spec: str = "", **kwargs: Any
+    owner: User, spec: str = "", **kwargs: Any
 ) -> tuple[Conversation, dict[str, Message]]:
     conv = services.conversation_create(owner=owner, title=kwargs.pop("title", "test"))
     nodes = build_tree(conv, spec, **kwargs) if spec else {}
