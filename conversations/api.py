@@ -99,9 +99,9 @@ def _detail(conv: Conversation) -> dict[str, Any]:
 
 
 @router.post("/conversations", response={201: ConversationDetailOut})
-def create_conversation(request: HttpRequest, payload: ConversationIn) -> tuple[int, Any]:
+def create_conversation(request: HttpRequest, payload: ConversationIn) -> Status[Any]:
     conv = services.conversation_create(owner=_user(request), **payload.dict())
-    return 201, {**_conversation_out(conv, 0), "forks": []}
+    return Status(201, {**_conversation_out(conv, 0), "forks": []})
 
 
 class ListQuery(Schema):
@@ -128,10 +128,10 @@ def get_conversation(request: HttpRequest, cid: str) -> Any:
 
 
 @router.delete("/conversations/{cid}", response={204: None})
-def delete_conversation(request: HttpRequest, cid: str) -> tuple[int, None]:
+def delete_conversation(request: HttpRequest, cid: str) -> Status[None]:
     conv = selectors.conversation_get(user=_user(request), conversation_id=cid)
     services.conversation_delete(conversation=conv)
-    return 204, None
+    return Status(204, None)
 
 
 @router.get("/conversations/{cid}/path", response=PathOut)
@@ -197,7 +197,7 @@ def _turn_out(result: services.TurnResult) -> dict[str, Any]:
 
 
 @router.post("/conversations/{cid}/turns", response={201: TurnOut})
-def append_turn(request: HttpRequest, cid: str, payload: TurnIn) -> tuple[int, Any]:
+def append_turn(request: HttpRequest, cid: str, payload: TurnIn) -> Status[Any]:
     conv = selectors.conversation_get(user=_user(request), conversation_id=cid)
     result = services.turn_append(
         conversation=conv,
@@ -205,7 +205,7 @@ def append_turn(request: HttpRequest, cid: str, payload: TurnIn) -> tuple[int, A
         expected_version=payload.expected_version,
         messages=[m.dict() for m in payload.messages],
     )
-    return 201, _turn_out(result)
+    return Status(201, _turn_out(result))
 
 
 @router.post("/conversations/{cid}/tip", response=TipOut)
@@ -218,7 +218,7 @@ def move_tip(request: HttpRequest, cid: str, payload: TipIn) -> Any:
 
 
 @router.post("/messages/{mid}/edit", response={201: TurnOut})
-def edit_message(request: HttpRequest, mid: str, payload: EditIn) -> tuple[int, Any]:
+def edit_message(request: HttpRequest, mid: str, payload: EditIn) -> Status[Any]:
     message = selectors.message_get(user=_user(request), message_id=mid)
     result = services.message_edit(
         conversation=message.conversation,
@@ -226,11 +226,11 @@ def edit_message(request: HttpRequest, mid: str, payload: EditIn) -> tuple[int, 
         parts=payload.parts,
         expected_version=payload.expected_version,
     )
-    return 201, _turn_out(result)
+    return Status(201, _turn_out(result))
 
 
 @router.post("/messages/{mid}/regenerate", response={201: TurnOut})
-def regenerate_message(request: HttpRequest, mid: str, payload: RegenerateIn) -> tuple[int, Any]:
+def regenerate_message(request: HttpRequest, mid: str, payload: RegenerateIn) -> Status[Any]:
     message = selectors.message_get(user=_user(request), message_id=mid)
     result = services.message_regenerate(
         conversation=message.conversation,
@@ -238,11 +238,11 @@ def regenerate_message(request: HttpRequest, mid: str, payload: RegenerateIn) ->
         messages=[m.dict() for m in payload.messages],
         expected_version=payload.expected_version,
     )
-    return 201, _turn_out(result)
+    return Status(201, _turn_out(result))
 
 
 @router.post("/messages/{mid}/fork", response={201: ConversationDetailOut})
-def fork_message(request: HttpRequest, mid: str, payload: ForkIn) -> tuple[int, Any]:
+def fork_message(request: HttpRequest, mid: str, payload: ForkIn) -> Status[Any]:
     message = selectors.message_get(user=_user(request), message_id=mid)
     fork = services.conversation_fork(
         message=message,
@@ -251,7 +251,7 @@ def fork_message(request: HttpRequest, mid: str, payload: ForkIn) -> tuple[int, 
         scope=payload.scope,
     )
     fork.forked_from = message
-    return 201, _detail(fork)
+    return Status(201, _detail(fork))
 
 
 # --- checkpoints and rewind ----------------------------------------------------------
@@ -264,10 +264,10 @@ def list_checkpoints(request: HttpRequest, cid: str) -> Any:
 
 
 @router.post("/conversations/{cid}/checkpoints", response={201: CheckpointOut})
-def create_checkpoint(request: HttpRequest, cid: str, payload: CheckpointIn) -> tuple[int, Any]:
+def create_checkpoint(request: HttpRequest, cid: str, payload: CheckpointIn) -> Status[Any]:
     conv = selectors.conversation_get(user=_user(request), conversation_id=cid)
     checkpoint = services.checkpoint_create(conversation=conv, label=payload.label)
-    return 201, _checkpoint_out(checkpoint)
+    return Status(201, _checkpoint_out(checkpoint))
 
 
 @router.post("/conversations/{cid}/rewind", response=RewindOut)
@@ -294,17 +294,20 @@ def rewind(request: HttpRequest, cid: str, payload: RewindIn) -> Any:
 
 
 @router.post("/blobs", response={201: BlobOut}, tags=["blobs"])
-def upload_blob(request: HttpRequest, file: File[UploadedFile]) -> tuple[int, Any]:
+def upload_blob(request: HttpRequest, file: File[UploadedFile]) -> Status[Any]:
     if file.size is not None and file.size > 2 * settings.ARBOR_MAX_BLOB_BYTES:
         raise InvalidInput("the upload is too large", code="blob_too_large")
     blob = services.blob_store(owner=_user(request), data=file.read())
-    return 201, {
-        "sha256": blob.sha256,
-        "mime": blob.mime,
-        "size": blob.size,
-        "width": blob.width,
-        "height": blob.height,
-    }
+    return Status(
+        201,
+        {
+            "sha256": blob.sha256,
+            "mime": blob.mime,
+            "size": blob.size,
+            "width": blob.width,
+            "height": blob.height,
+        },
+    )
 
 
 @router.get("/blobs/{sha256}", tags=["blobs"])
