@@ -9,7 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.http import FileResponse, HttpRequest
 from ninja import Field as F
-from ninja import File, Query, Router, Schema, UploadedFile
+from ninja import File, Query, Router, Schema, Status, UploadedFile
 
 from conversations import selectors, services
 from conversations.errors import InvalidInput, NotFound
