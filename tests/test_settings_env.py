@@ -1,0 +1,74 @@
+"""Settings helpers fail loudly on bad values instead of guessing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from arbor.env import ImproperlyConfiguredEnv, database_from_url, env_bool, env_int, env_list
+
+BASE = Path("/srv/arbor")
+
+
+def test_it_reads_a_relative_sqlite_url_under_the_project() -> None:
+    db = database_from_url("sqlite:///var/arbor.sqlite3", base_dir=BASE)
+    assert db["ENGINE"] == "django.db.backends.sqlite3"
+    assert db["NAME"] == "/srv/arbor/var/arbor.sqlite3"
+
+
+def test_it_reads_an_absolute_sqlite_url() -> None:
+    assert database_from_url("sqlite:////tmp/x.db", base_dir=BASE)["NAME"] == "/tmp/x.db"
+
+
+def test_it_reads_a_postgres_url() -> None:
+    db = database_from_url(
+        "postgres://bob:p%40ss@db.local:5433/arbor?sslmode=require", base_dir=BASE
+    )
+    assert db["ENGINE"] == "django.db.backends.postgresql"
+    assert (db["USER"], db["PASSWORD"], db["HOST"], db["PORT"], db["NAME"]) == (
+        "bob",
+        "p@ss",
+        "db.local",
+        "5433",
+        "arbor",
+    )
+    assert db["OPTIONS"] == {"sslmode": "require"}
+
+
+@pytest.mark.parametrize("url", ["mysql://x/y", "postgres://host/", "sqlite://", "nonsense"])
+def test_it_rejects_unsupported_or_incomplete_urls(url: str) -> None:
+    with pytest.raises(ImproperlyConfiguredEnv):
+        database_from_url(url, base_dir=BASE)
+
+
+def test_booleans_ints_and_lists(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("X_BOOL", "yes")
+    monkeypatch.setenv("X_INT", "42")
+    monkeypatch.setenv("X_LIST", "a.example, b.example,")
+    assert env_bool("X_BOOL") is True
+    assert env_int("X_INT", 1) == 42
+    assert env_list("X_LIST", []) == ["a.example", "b.example"]
+    monkeypatch.setenv("X_BOOL", "maybe")
+    monkeypatch.setenv("X_INT", "4 2")
+    with pytest.raises(ImproperlyConfiguredEnv):
+        env_bool("X_BOOL")
+    with pytest.raises(ImproperlyConfiguredEnv):
+        env_int("X_INT", 1)
+
+
+def test_settings_refuse_to_start_without_a_secret_key() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in {"SECRET_KEY", "DEBUG"}}
+    env["DJANGO_SETTINGS_MODULE"] = "arbor.settings"
+    proc = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert proc.returncode != 0
+    assert "SECRET_KEY must be set unless DEBUG=1" in proc.stderr
