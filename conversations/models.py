@@ -166,3 +166,53 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+
+class AttemptStatus(models.TextChoices):
+    RUNNING = "running"
+    FAILED = "failed"
+    COMPLETED = "completed"
+
+
+class TurnAttempt(models.Model):
+    """One try at a chat turn, recorded apart from the transcript.
+
+    The transcript only ever holds whole turns; this row remembers what was asked (so a
+    failed or interrupted turn can be retried after a restart) and how it ended.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="attempts"
+    )
+    # The message the user's input continues (null for a first message).
+    parent = models.ForeignKey(
+        Message, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    input_parts = models.JSONField(default=list)
+    model = models.CharField(max_length=200, blank=True)
+    status = models.CharField(
+        max_length=16, choices=AttemptStatus.choices, default=AttemptStatus.RUNNING
+    )
+    error_code = models.CharField(max_length=64, blank=True)
+    error_text = models.TextField(blank=True)
+    result_tip = models.ForeignKey(
+        Message, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # host:pid of the process running it, and when it last showed signs of life: a
+    # "running" attempt whose process is gone is stale, and retry treats it as failed.
+    worker = models.CharField(max_length=200, blank=True)
+    heartbeat_at = models.DateTimeField(default=timezone.now)
+    retry_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["conversation", "-created_at"], name="attempt_conv_created")
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.id} {self.status}"
