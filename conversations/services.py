@@ -185,7 +185,7 @@ def turn_append(
             )
             rows.append(row)
             previous = row.id
-        Message.objects.bulk_create(rows)
+        _insert_messages(rows)
         tip = rows[-1].id
         updated = Conversation.objects.filter(pk=conv.pk, version=conv.version).update(
             tip_id=tip, version=F("version") + 1, updated_at=now
@@ -648,5 +648,9 @@ def api_token_user(*, secret: str) -> User | None:
     )
     if token is None:
         return None
-    ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+    now = timezone.now()
+    # Record use at minute precision: a write on every request would double the cost of
+    # each authenticated read.
+    if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
     return token.user
