@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -63,4 +64,11 @@ def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
 def on_not_found(request: HttpRequest, exc: Http404) -> HttpResponse:
     return api.create_response(
         request, {"error": "not_found", "detail": str(exc) or "not found"}, status=404
+    )
+
+
+@api.exception_handler(RequestDataTooBig)
+def on_too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
+    return api.create_response(
+        request, {"error": "too_large", "detail": "the request body is too large"}, status=413
     )

@@ -49,6 +49,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "arbor.middleware.api_json_errors",
 ]
 
 ROOT_URLCONF = "arbor.urls"
@@ -112,6 +113,8 @@ ARBOR_MAX_BLOB_BYTES = env_int("ARBOR_MAX_BLOB_BYTES", 10 * 1024 * 1024)
 ARBOR_MAX_IMAGE_PIXELS = env_int("ARBOR_MAX_IMAGE_PIXELS", 40_000_000)
 ARBOR_MAX_TURN_MESSAGES = env_int("ARBOR_MAX_TURN_MESSAGES", 200)
 ARBOR_MAX_PART_CHARS = env_int("ARBOR_MAX_PART_CHARS", 2_000_000)
+# A turn may carry long tool results; uploads (images) are limited separately above.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("ARBOR_MAX_REQUEST_BYTES", 16 * 1024 * 1024)
 
 LOGGING = {
     "version": 1,

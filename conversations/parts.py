@@ -11,6 +11,7 @@ Part shapes (DESIGN.md §2)::
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -53,6 +54,26 @@ def _check_str(
         errors.add(loc, f"is longer than {max_chars} characters")
     elif "\x00" in value:
         errors.add(loc, "contains a NUL character")
+
+
+def contains_nul(value: Any, *, _depth: int = 0) -> bool:
+    """True if a NUL character hides anywhere in a JSON value (PostgreSQL refuses them
+    in text and jsonb, so they must be rejected before a write, not at the database)."""
+    if _depth > 100:
+        return True  # absurd nesting is refused with the same error
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(
+            contains_nul(k, _depth=_depth + 1) or contains_nul(v, _depth=_depth + 1)
+            for k, v in value.items()
+        )
+    if isinstance(value, list):
+        return any(contains_nul(v, _depth=_depth + 1) for v in value)
+    return False
+
+
+MAX_METADATA_BYTES = 64 * 1024
 
 
 def _clean_part(
@@ -108,6 +129,8 @@ def _clean_part(
         arguments = part.get("arguments", {})
         if not isinstance(arguments, dict):
             errors.add(f"{loc}.arguments", "must be an object")
+        elif contains_nul(arguments):
+            errors.add(f"{loc}.arguments", "contains a NUL character or is nested too deeply")
         return {
             "type": "tool_call",
             "id": part.get("id"),
@@ -173,6 +196,10 @@ def clean_messages(raw: Any, *, max_messages: int, max_chars: int) -> list[Draft
         if not isinstance(metadata, dict):
             errors.add(f"{loc}.metadata", "must be an object")
             metadata = {}
+        elif contains_nul(metadata):
+            errors.add(f"{loc}.metadata", "contains a NUL character or is nested too deeply")
+        elif len(json.dumps(metadata)) > MAX_METADATA_BYTES:
+            errors.add(f"{loc}.metadata", f"is larger than {MAX_METADATA_BYTES} bytes as JSON")
         drafts.append(
             DraftMessage(role=role, parts=[p for p in cleaned if p is not None], metadata=metadata)
         )

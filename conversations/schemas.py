@@ -5,9 +5,20 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 from ninja import Field, Schema
+from pydantic import AfterValidator
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
+# A string PostgreSQL can store: text columns refuse NUL.
+Text = Annotated[str, AfterValidator(_no_nul)]
 
 
 class ErrorOut(Schema):
@@ -16,9 +27,9 @@ class ErrorOut(Schema):
 
 
 class ConversationIn(Schema):
-    title: str = Field("", max_length=200)
-    system_prompt: str = Field("", max_length=200_000)
-    model: str = Field("", max_length=200)
+    title: Text = Field("", max_length=200)
+    system_prompt: Text = Field("", max_length=200_000)
+    model: Text = Field("", max_length=200)
 
 
 class ForkLink(Schema):
@@ -133,7 +144,7 @@ class RegenerateIn(Schema):
 
 
 class ForkIn(Schema):
-    title: str = Field("", max_length=200)
+    title: Text = Field("", max_length=200)
     scope: str = "path"
 
 

@@ -94,6 +94,31 @@ def message_subtree(*, conversation_id: uuid.UUID, root_id: uuid.UUID) -> list[M
     return list(Message.objects.raw(sql, [_db_uuid(root_id), _db_uuid(conversation_id)]))
 
 
+Link = tuple[uuid.UUID, uuid.UUID | None]
+
+
+def _links(sql: str, params: list[Any]) -> list[Link]:
+    """Run a path or subtree query selecting (id, parent_id) only: no parts decoded."""
+    table = Message._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(sql.format(table=table, columns=f"{table}.id, {table}.parent_id"), params)
+        # SQLite hands back 32-hex strings, PostgreSQL UUID objects: normalise both.
+        return [
+            (uuid.UUID(str(mid)), uuid.UUID(str(pid)) if pid else None)
+            for mid, pid in cursor.fetchall()
+        ]
+
+
+def message_path_links(*, conversation_id: uuid.UUID, tip_id: uuid.UUID) -> list[Link]:
+    """(id, parent_id) root→tip: the same query as message_path, without the contents."""
+    return _links(_PATH_SQL, [_db_uuid(tip_id), _db_uuid(conversation_id)])
+
+
+def message_subtree_links(*, conversation_id: uuid.UUID, root_id: uuid.UUID) -> list[Link]:
+    """(id, parent_id) of a message and its descendants, parents first."""
+    return _links(_SUBTREE_SQL, [_db_uuid(root_id), _db_uuid(conversation_id)])
+
+
 @dataclass(frozen=True)
 class Siblings:
     ids: list[uuid.UUID]
@@ -180,6 +205,8 @@ def tree_page(*, conversation: Conversation, cursor: str | None, limit: int) -> 
             depth, created, mid = int(depth_s), datetime.fromisoformat(created_s), uuid.UUID(id_s)
         except ValueError:
             raise InvalidInput("the cursor is not valid", code="bad_cursor") from None
+        if created.tzinfo is None:
+            raise InvalidInput("the cursor is not valid", code="bad_cursor")
         qs = qs.filter(
             Q(depth__gt=depth)
             | Q(depth=depth, created_at__gt=created)
@@ -206,6 +233,8 @@ def conversation_page(*, user: User, q: str, cursor: str | None, limit: int) -> 
             updated, cid = datetime.fromisoformat(updated_s), uuid.UUID(id_s)
         except ValueError:
             raise InvalidInput("the cursor is not valid", code="bad_cursor") from None
+        if updated.tzinfo is None:
+            raise InvalidInput("the cursor is not valid", code="bad_cursor")
         qs = qs.filter(Q(updated_at__lt=updated) | Q(updated_at=updated, id__lt=cid))
     rows = list(qs[: limit + 1])
     next_cursor = None

@@ -117,11 +117,14 @@ def _resolve_images(drafts: list[DraftMessage], *, owner_id: Any) -> None:
 
 def _lock_conversation(conversation: Conversation, expected_version: int | None) -> Conversation:
     """Lock the conversation row for the rest of the transaction and check the version."""
-    conv = (
-        Conversation.objects.select_for_update()
-        .only("id", "owner_id", "tip_id", "version")
-        .get(pk=conversation.pk)
-    )
+    try:
+        conv = (
+            Conversation.objects.select_for_update()
+            .only("id", "owner_id", "tip_id", "version")
+            .get(pk=conversation.pk)
+        )
+    except Conversation.DoesNotExist:  # deleted while this writer waited for the lock
+        raise NotFound(f"no such conversation: {conversation.pk}") from None
     if expected_version is not None and conv.version != expected_version:
         raise StaleVersion(tip=str(conv.tip_id) if conv.tip_id else None, version=conv.version)
     return conv
@@ -342,6 +345,46 @@ def _insert_messages(rows: list[Message]) -> None:
         cursor.execute(sql, [json.dumps(payload)])
 
 
+def _copy_messages(
+    mapping: list[tuple[uuid.UUID, uuid.UUID, uuid.UUID | None]], *, conversation_id: uuid.UUID
+) -> None:
+    """Copy messages (old id → new id, new parent id) into a conversation in one
+    INSERT … SELECT: parts and metadata never leave the database, so a 10,000-message
+    fork does not decode and re-encode every message's JSON in Python."""
+    table = connection.ops.quote_name(Message._meta.db_table)
+    cols = "id, conversation_id, parent_id, role, parts, depth, origin, metadata, created_at"
+    if connection.vendor == "postgresql":
+        payload = [{"o": str(o), "n": str(n), "p": str(p) if p else None} for o, n, p in mapping]
+        sql = f"""
+            INSERT INTO {table} ({cols})
+            SELECT map.n, %s, map.p, m.role, m.parts, m.depth, %s,
+                   m.metadata || jsonb_build_object('fork_of', m.id::text, 'fork_origin', m.origin),
+                   m.created_at
+            FROM jsonb_to_recordset(%s::jsonb) AS map(o uuid, n uuid, p uuid)
+            JOIN {table} m ON m.id = map.o
+        """
+        params: list[Any] = [str(conversation_id), Origin.FORK, json.dumps(payload)]
+    elif connection.vendor == "sqlite":
+        payload = [
+            {"o": o.hex, "n": n.hex, "p": p.hex if p else None, "f": str(o)} for o, n, p in mapping
+        ]
+        sql = f"""
+            INSERT INTO {table} ({cols})
+            SELECT json_extract(map.value, '$.n'), %s, json_extract(map.value, '$.p'),
+                   m.role, m.parts, m.depth, %s,
+                   json_set(m.metadata, '$.fork_of', json_extract(map.value, '$.f'),
+                            '$.fork_origin', m.origin),
+                   m.created_at
+            FROM json_each(%s) AS map
+            JOIN {table} m ON m.id = json_extract(map.value, '$.o')
+        """
+        params = [conversation_id.hex, Origin.FORK, json.dumps(payload)]
+    else:  # pragma: no cover - other backends are not supported
+        raise NotImplementedError(connection.vendor)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
 def conversation_fork(
     *, message: Message, owner: User, title: str = "", scope: str = ForkScope.PATH
 ) -> Conversation:
@@ -352,16 +395,16 @@ def conversation_fork(
     if scope not in ForkScope.CHOICES:
         raise InvalidInput(f"scope must be one of {list(ForkScope.CHOICES)}", code="bad_scope")
     source = message.conversation
-    nodes = selectors.message_path(conversation_id=source.pk, tip_id=message.pk)
+    links = selectors.message_path_links(conversation_id=source.pk, tip_id=message.pk)
     if scope == ForkScope.SUBTREE:
-        nodes += selectors.message_subtree(conversation_id=source.pk, root_id=message.pk)[1:]
+        links += selectors.message_subtree_links(conversation_id=source.pk, root_id=message.pk)[1:]
     live = list(
         Checkpoint.objects.filter(conversation=source, state=CheckpointState.LIVE).order_by(
             "created_at", "id"
         )
     )
 
-    id_map = {node.id: uuid.uuid4() for node in nodes}
+    id_map = {mid: uuid.uuid4() for mid, _ in links}
     if scope == ForkScope.SUBTREE and source.tip_id in id_map:
         new_tip = id_map[source.tip_id]
     else:
@@ -377,21 +420,10 @@ def conversation_fork(
             model=source.model,
             system_prompt=source.system_prompt,
         )
-        copies = [
-            Message(
-                id=id_map[node.id],
-                conversation_id=fork.pk,
-                parent_id=id_map[node.parent_id] if node.parent_id else None,
-                role=node.role,
-                parts=node.parts,
-                depth=node.depth,
-                origin=Origin.FORK,
-                metadata={**node.metadata, "fork_of": str(node.id), "fork_origin": node.origin},
-                created_at=node.created_at,
-            )
-            for node in nodes
-        ]
-        _insert_messages(copies)
+        _copy_messages(
+            [(old, id_map[old], id_map[parent] if parent else None) for old, parent in links],
+            conversation_id=fork.pk,
+        )
         checkpoint_copies = [
             Checkpoint(
                 conversation=fork,
@@ -424,6 +456,8 @@ def _clean_label(label: Any) -> str:
     if not isinstance(label, str) or not label.strip():
         raise InvalidInput("label must be a non-empty string", code="bad_label")
     label = label.strip()
+    if "\x00" in label:
+        raise InvalidInput("label must not contain NUL characters", code="bad_label")
     if len(label) > 100:
         raise InvalidInput("label must be at most 100 characters", code="bad_label")
     return label
@@ -514,8 +548,10 @@ def rewind(
     the checkpoint's message and move the tip onto it. The abandoned branch stays in the
     tree; the digest names its tip."""
     label = _clean_label(label)
-    if digest is not None and (not isinstance(digest, str) or len(digest) > 100_000):
-        raise InvalidInput("digest must be a string of at most 100,000 characters")
+    if digest is not None and (
+        not isinstance(digest, str) or len(digest) > 100_000 or "\x00" in digest
+    ):
+        raise InvalidInput("digest must be a string of at most 100,000 characters, no NUL")
     with transaction.atomic():
         conv = _lock_conversation(conversation, expected_version)
         checkpoints = list(
@@ -599,7 +635,11 @@ def blob_store(*, owner: User, data: bytes) -> Blob:
             image.verify()
     except ArborError:
         raise
-    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError, ValueError):
+    except Image.DecompressionBombError:
+        raise InvalidInput(
+            "the image has too many pixels to be decoded safely", code="image_too_large"
+        ) from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
         raise InvalidInput(
             "the upload is not a readable PNG, JPEG, WebP or GIF image", code="not_an_image"
         ) from None
