@@ -1,0 +1,516 @@
+"""Model providers over the official SDKs: ``openai`` (chat completions, any
+OpenAI-compatible server) and ``anthropic`` (messages).
+
+Keys come from the environment as the SDKs' users expect (``OPENAI_API_KEY``,
+``ANTHROPIC_API_KEY``, or ``*_FILE`` variables naming a file that holds the key; base URLs
+from ``OPENAI_BASE_URL`` / ``ANTHROPIC_BASE_URL`` unless the registry names one). They are
+never put in a message, an exception or a log line.
+
+The SDKs retry 408/409/429/5xx and connection errors themselves, honouring Retry-After;
+we bound how many times (``max_retries``), how long a single wait may be
+(``max_retry_after``) and how long a request may take (``timeout``), then turn whatever
+is left into the errors in errors.py.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import os
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, NoReturn, cast
+from urllib.parse import urlsplit
+
+import anthropic
+import httpx2
+import openai
+
+from conversations.providers.base import Done, LoadBlob, Reply, Request, StreamEvent
+from conversations.providers.convert import (
+    AnthropicStreamAccumulator,
+    OpenAIStreamAccumulator,
+    from_anthropic,
+    from_openai,
+    to_anthropic,
+    to_openai,
+)
+from conversations.providers.errors import (
+    AuthenticationFailed,
+    BadRequest,
+    ContextOverflow,
+    ProviderError,
+    ProviderUnavailable,
+    RateLimited,
+    parse_overflow,
+    redact,
+    register_secret,
+)
+from conversations.providers.registry import ModelSpec, resolve_model
+
+log = logging.getLogger("arbor.providers")
+
+OPENAI_DEFAULT_HOST = "api.openai.com"
+# Sent to servers that take no key (Ollama, a local vLLM): the SDK insists on one.
+NO_KEY = "no-key-needed"
+FAKE_KEY = "arbor-fake-provider"
+
+
+def _env_float(name: str, default: float) -> float:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, got {value!r}") from None
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """Retry and timeout bounds for provider calls."""
+
+    # Retries after the first attempt, for 408/409/429/5xx and connection errors.
+    max_retries: int = 2
+    # Seconds a request may wait for the server: the whole non-streamed answer, or the
+    # gap between two stream events (a stalled stream fails after this long).
+    timeout: float = 300.0
+    connect_timeout: float = 10.0
+    # A Retry-After longer than this is not waited for: the error is raised at once, with
+    # retry_after set, so a turn never hangs for an hour on a server's say-so.
+    max_retry_after: float = 60.0
+
+    @classmethod
+    def from_env(cls) -> ClientSettings:
+        return cls(
+            max_retries=_env_int("ARBOR_PROVIDER_MAX_RETRIES", cls.max_retries),
+            timeout=_env_float("ARBOR_PROVIDER_TIMEOUT", cls.timeout),
+            connect_timeout=_env_float("ARBOR_PROVIDER_CONNECT_TIMEOUT", cls.connect_timeout),
+            max_retry_after=_env_float("ARBOR_PROVIDER_MAX_RETRY_AFTER", cls.max_retry_after),
+        )
+
+    def httpx_timeout(self) -> httpx2.Timeout:
+        return httpx2.Timeout(self.timeout, connect=self.connect_timeout)
+
+
+def read_api_key(env_name: str) -> str | None:
+    """The key in ``env_name``, else in the file named by ``<env_name>_FILE`` (Docker and
+    Kubernetes secrets), else None."""
+    value = os.environ.get(env_name, "").strip()
+    if not value:
+        path = os.environ.get(env_name + "_FILE", "").strip()
+        if path:
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    value = fh.read().strip()
+            except OSError as exc:
+                raise AuthenticationFailed(
+                    f"{env_name}_FILE names a file that cannot be read ({exc.strerror})",
+                    code="missing_api_key",
+                ) from None
+    if not value:
+        return None
+    register_secret(value)
+    return value
+
+
+def retry_after_seconds(headers: Any) -> float | None:
+    """Seconds from Retry-After-Ms / Retry-After (number or HTTP date), or None."""
+    if headers is None:
+        return None
+    for name, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            return float(value) / divisor
+        except ValueError:
+            parsed = email.utils.parsedate_tz(value)
+            if parsed is not None:
+                return max(0.0, email.utils.mktime_tz(parsed) - time.time())
+    return None
+
+
+def _bound_retry_after(max_wait: float) -> Callable[[httpx2.Response], None]:
+    # Both SDKs obey `x-should-retry: false`; the Anthropic SDK would otherwise sleep for
+    # whatever Retry-After says, however long.
+    def hook(response: httpx2.Response) -> None:
+        status = response.status_code
+        if status in (408, 409, 429) or status >= 500:
+            wait = retry_after_seconds(response.headers)
+            if wait is not None and wait > max_wait:
+                response.headers["x-should-retry"] = "false"
+
+    return hook
+
+
+# --- error normalisation --------------------------------------------------------------
+
+_UNAVAILABLE_TYPES = {"overloaded_error", "api_error", "server_error", "timeout_error"}
+
+
+def _error_fields(body: Any) -> tuple[str, str | None]:
+    """(message, code) from an error body in either protocol's shape."""
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict):
+            message = inner.get("message")
+            code = inner.get("code") or inner.get("type")
+            return (str(message) if message else ""), (str(code) if code else None)
+        if isinstance(inner, str):
+            return inner, None
+    if isinstance(body, str):
+        return body, None
+    return "", None
+
+
+def normalize_error(exc: BaseException, *, provider: str) -> ProviderError:
+    """An SDK or transport exception → one of the errors in errors.py.
+
+    The message is the provider's own error text (redacted), never ``str(exc)``.
+    """
+    if isinstance(exc, ProviderError):
+        return exc
+    if isinstance(exc, openai.APIStatusError | anthropic.APIStatusError):
+        status = exc.status_code
+        headers = exc.response.headers
+        request_id = headers.get("x-request-id") or headers.get("request-id")
+        message, code = _error_fields(exc.body)
+        message = message or f"the provider answered HTTP {status}"
+        common: dict[str, Any] = {
+            "status": status,
+            "provider": provider,
+            "request_id": request_id,
+        }
+        if status != 429:
+            overflow = parse_overflow(message, code)
+            if overflow is not None or status == 413:
+                measured, limit = overflow or (None, None)
+                return ContextOverflow(measured, limit, message=message, **common)
+        retry_after = retry_after_seconds(headers)
+        if status == 429 or code in ("rate_limit_error", "rate_limit_exceeded"):
+            return RateLimited(message, code=None, retry_after=retry_after, **common)
+        if status in (401, 403):
+            return AuthenticationFailed(message, **common)
+        if status == 408 or status >= 500 or code in _UNAVAILABLE_TYPES:
+            return ProviderUnavailable(message, retry_after=retry_after, **common)
+        if 400 <= status < 500:
+            return BadRequest(message, **common)
+        return ProviderError(message, **common)
+    if isinstance(
+        exc, openai.APITimeoutError | anthropic.APITimeoutError | httpx2.TimeoutException
+    ):
+        return ProviderUnavailable(
+            "the model provider did not answer in time", code="timeout", provider=provider
+        )
+    if isinstance(
+        exc, openai.APIConnectionError | anthropic.APIConnectionError | httpx2.TransportError
+    ):
+        return ProviderUnavailable(
+            "could not reach the model provider", code="connection_failed", provider=provider
+        )
+    if isinstance(exc, openai.APIError | anthropic.APIError):
+        message, code = _error_fields(exc.body)
+        return ProviderError(message or "the model provider reported an error", provider=provider)
+    if isinstance(exc, TypeError) and "authentication method" in str(exc):
+        return AuthenticationFailed(
+            "no credentials for the model provider are configured", provider=provider
+        )
+    if isinstance(exc, openai.OpenAIError | anthropic.AnthropicError | httpx2.HTTPError):
+        return ProviderError(
+            f"the model provider client failed ({type(exc).__name__})", provider=provider
+        )
+    raise exc
+
+
+def _raise_normalized(exc: BaseException, provider: str) -> NoReturn:
+    error = normalize_error(exc, provider=provider)
+    log.warning("model request failed: %s %s", error.code, error.message)
+    # No exception chaining: the SDK exception's text and request are not ours to show.
+    raise error from None
+
+
+_TRANSPORT_ERRORS = (openai.OpenAIError, anthropic.AnthropicError, httpx2.HTTPError, TypeError)
+
+
+# --- providers ------------------------------------------------------------------------
+
+
+class Provider(ABC):
+    """One model behind one protocol. ``complete`` answers with a Reply; ``stream``
+    yields TextDelta / ThinkingDelta / ToolCallStarted / ToolCallFinished events and ends
+    with Done(reply). Both raise ProviderError subclasses only."""
+
+    kind: str = ""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        load_blob: LoadBlob | None = None,
+        settings: ClientSettings | None = None,
+    ) -> None:
+        self.spec = spec
+        self.load_blob = load_blob
+        self.settings = settings or ClientSettings.from_env()
+        if api_key:
+            register_secret(api_key)
+        self._http = self._make_http_client()
+
+    @abstractmethod
+    def _make_http_client(self) -> httpx2.Client: ...
+
+    @abstractmethod
+    def complete(self, request: Request) -> Reply: ...
+
+    @abstractmethod
+    def stream(self, request: Request) -> Iterator[StreamEvent]: ...
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Provider:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _hooks(self) -> dict[str, list[Any]]:
+        return {"response": [_bound_retry_after(self.settings.max_retry_after)]}
+
+
+class OpenAIProvider(Provider):
+    """Chat completions on any OpenAI-compatible server."""
+
+    kind = "openai"
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        load_blob: LoadBlob | None = None,
+        settings: ClientSettings | None = None,
+    ) -> None:
+        super().__init__(
+            spec, api_key=api_key, base_url=base_url, load_blob=load_blob, settings=settings
+        )
+        self.base_url = base_url or spec.base_url or os.environ.get("OPENAI_BASE_URL") or None
+        host = urlsplit(self.base_url).hostname if self.base_url else OPENAI_DEFAULT_HOST
+        official = host == OPENAI_DEFAULT_HOST
+        env_name = spec.api_key_env or "OPENAI_API_KEY"
+        key = api_key or read_api_key(env_name)
+        if not key:
+            if spec.fake:
+                key = FAKE_KEY
+            elif official:
+                self.close()
+                raise AuthenticationFailed(
+                    f"no API key for {spec.id}: set {env_name} (or {env_name}_FILE)",
+                    code="missing_api_key",
+                    provider=self.kind,
+                )
+            else:
+                key = NO_KEY
+        # OpenAI's newer models refuse max_tokens; most compatible servers only know it.
+        self.max_tokens_param = spec.max_tokens_param or (
+            "max_completion_tokens" if official else "max_tokens"
+        )
+        self.client = openai.OpenAI(
+            api_key=key,
+            base_url=self.base_url,
+            max_retries=self.settings.max_retries,
+            timeout=self.settings.httpx_timeout(),
+            http_client=self._http,
+        )
+
+    def _make_http_client(self) -> httpx2.Client:
+        return openai.DefaultHttpxClient(
+            timeout=self.settings.httpx_timeout(), event_hooks=self._hooks()
+        )
+
+    def _kwargs(self, request: Request) -> dict[str, Any]:
+        payload = to_openai(
+            request.messages, system=request.system, tools=request.tools, load_blob=self.load_blob
+        )
+        kwargs: dict[str, Any] = {"model": self.spec.model, "messages": payload.messages}
+        if payload.tools:
+            kwargs["tools"] = payload.tools
+        kwargs[self.max_tokens_param] = request.max_output or self.spec.max_output
+        if request.temperature is not None:
+            kwargs["temperature"] = request.temperature
+        return kwargs
+
+    def complete(self, request: Request) -> Reply:
+        kwargs = self._kwargs(request)
+        try:
+            response = cast(Any, self.client.chat.completions).create(**kwargs)
+        except _TRANSPORT_ERRORS as exc:
+            _raise_normalized(exc, self.kind)
+        return from_openai(response.to_dict())
+
+    def stream(self, request: Request) -> Iterator[StreamEvent]:
+        kwargs = self._kwargs(request)
+        kwargs["stream"] = True
+        kwargs["stream_options"] = {"include_usage": True}
+        accumulator = OpenAIStreamAccumulator()
+        try:
+            with cast(Any, self.client.chat.completions).create(**kwargs) as chunks:
+                for chunk in chunks:
+                    yield from accumulator.feed(chunk.to_dict())
+        except _TRANSPORT_ERRORS as exc:
+            _raise_normalized(exc, self.kind)
+        if accumulator.raw_finish is None:
+            # The body ended without a finish_reason: the server died mid-answer. A
+            # partial reply must not be mistaken for a whole one.
+            raise ProviderUnavailable(
+                "the model's answer stopped before it was complete",
+                code="stream_incomplete",
+                provider=self.kind,
+            )
+        yield from accumulator.finish()
+
+
+class AnthropicProvider(Provider):
+    """The Anthropic Messages API."""
+
+    kind = "anthropic"
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        load_blob: LoadBlob | None = None,
+        settings: ClientSettings | None = None,
+    ) -> None:
+        super().__init__(
+            spec, api_key=api_key, base_url=base_url, load_blob=load_blob, settings=settings
+        )
+        self.base_url = base_url or spec.base_url or os.environ.get("ANTHROPIC_BASE_URL") or None
+        key = api_key or read_api_key(spec.api_key_env or "ANTHROPIC_API_KEY")
+        if not key and self.base_url and not os.environ.get("ANTHROPIC_AUTH_TOKEN"):
+            # A gateway or local proxy that takes no key; api.anthropic.com without a key
+            # is left to the SDK's own discovery (profiles, workload identity).
+            key = NO_KEY
+        self.client = anthropic.Anthropic(
+            api_key=key,
+            base_url=self.base_url,
+            max_retries=self.settings.max_retries,
+            timeout=self.settings.httpx_timeout(),
+            http_client=self._http,
+        )
+
+    def _make_http_client(self) -> httpx2.Client:
+        return anthropic.DefaultHttpxClient(
+            timeout=self.settings.httpx_timeout(), event_hooks=self._hooks()
+        )
+
+    def _kwargs(self, request: Request) -> dict[str, Any]:
+        payload = to_anthropic(
+            request.messages, system=request.system, tools=request.tools, load_blob=self.load_blob
+        )
+        kwargs: dict[str, Any] = {
+            "model": self.spec.model,
+            "messages": payload.messages,
+            "max_tokens": request.max_output or self.spec.max_output,
+        }
+        if payload.system:
+            kwargs["system"] = payload.system
+        if payload.tools:
+            kwargs["tools"] = payload.tools
+        if request.temperature is not None:
+            kwargs["temperature"] = request.temperature
+        return kwargs
+
+    def complete(self, request: Request) -> Reply:
+        kwargs = self._kwargs(request)
+        try:
+            response = cast(Any, self.client.messages).create(**kwargs)
+        except _TRANSPORT_ERRORS as exc:
+            _raise_normalized(exc, self.kind)
+        return from_anthropic(response.to_dict())
+
+    def stream(self, request: Request) -> Iterator[StreamEvent]:
+        kwargs = self._kwargs(request)
+        kwargs["stream"] = True
+        accumulator = AnthropicStreamAccumulator()
+        stopped = False
+        try:
+            with cast(Any, self.client.messages).create(**kwargs) as events:
+                for event in events:
+                    data = event.to_dict()
+                    stopped = stopped or data.get("type") == "message_stop"
+                    yield from accumulator.feed(data)
+        except _TRANSPORT_ERRORS as exc:
+            _raise_normalized(exc, self.kind)
+        if not stopped:
+            raise ProviderUnavailable(
+                "the model's answer stopped before it was complete",
+                code="stream_incomplete",
+                provider=self.kind,
+            )
+        yield from accumulator.finish()
+
+
+def make_provider(
+    model: str | ModelSpec,
+    *,
+    api_key: str | None = None,
+    base_url: str | None = None,
+    load_blob: LoadBlob | None = None,
+    settings: ClientSettings | None = None,
+) -> Provider:
+    """The provider for a model id (``openai/…``, ``anthropic/…``, ``fake/…``) or spec.
+
+    ``fake/*`` models without a base URL get the in-process loopback fake server, started
+    on first use, so the demo works offline with no setup.
+    """
+    spec = resolve_model(model) if isinstance(model, str) else model
+    if spec.fake and not (base_url or spec.base_url):
+        from conversations.providers.fake import shared_server
+
+        server = shared_server()
+        server.set_window(spec.model, spec.context_window)
+        base_url = server.openai_base_url
+    cls: type[Provider] = AnthropicProvider if spec.provider == "anthropic" else OpenAIProvider
+    return cls(spec, api_key=api_key, base_url=base_url, load_blob=load_blob, settings=settings)
+
+
+def complete_reply(provider: Provider, request: Request) -> Reply:
+    """Drain ``provider.stream`` and return the final reply (for callers that want
+    streaming's failure modes but not its events)."""
+    for event in provider.stream(request):
+        if isinstance(event, Done):
+            return event.reply
+    raise ProviderUnavailable("the stream ended without a reply", code="stream_incomplete")
+
+
+__all__ = [
+    "AnthropicProvider",
+    "ClientSettings",
+    "OpenAIProvider",
+    "Provider",
+    "complete_reply",
+    "make_provider",
+    "normalize_error",
+    "read_api_key",
+    "redact",
+    "retry_after_seconds",
+]
