@@ -11,11 +11,13 @@ from django.http import FileResponse, HttpRequest
 from ninja import Field as F
 from ninja import File, Query, Router, Schema, Status, UploadedFile
 
-from conversations import selectors, services
+from conversations import selectors, services, turns
 from conversations.errors import InvalidInput, NotFound
 from conversations.models import Blob, Checkpoint, Conversation, Message
 from conversations.schemas import (
     BlobOut,
+    ChatIn,
+    ChatOut,
     CheckpointIn,
     CheckpointOut,
     ConversationDetailOut,
@@ -34,6 +36,7 @@ from conversations.schemas import (
     TurnIn,
     TurnOut,
 )
+from conversations.streaming import event_stream
 
 router = Router(tags=["tree"])
 
@@ -252,6 +255,55 @@ def fork_message(request: HttpRequest, mid: str, payload: ForkIn) -> Status[Any]
     )
     fork.forked_from = message
     return Status(201, _detail(fork))
+
+
+# --- chat with a model ----------------------------------------------------------------
+
+
+def _first_event(events: Any) -> Any:
+    """Start the engine so bad input raises now (a 4xx), before a stream begins."""
+    first = next(events)
+
+    def produce() -> Any:
+        yield first
+        yield from events
+
+    return produce
+
+
+@router.post("/conversations/{cid}/messages", response={201: ChatOut}, tags=["chat"])
+def chat(request: HttpRequest, cid: str, payload: ChatIn) -> Any:
+    """Run a chat turn with the model: JSON when it is over, or Server-Sent Events
+    (``delta``, ``tool_call``, ``tool_result``, then ``done`` or ``error``) with
+    ``stream: true``."""
+    conv = selectors.conversation_get(user=_user(request), conversation_id=cid)
+    fields = payload.model_fields_set
+    kwargs: dict[str, Any] = {"conversation": conv, "parts": payload.parts, "model": payload.model}
+    if "parent" in fields:
+        kwargs["parent_id"] = payload.parent
+    if payload.stream:
+        return event_stream(request, _first_event(turns.turn_events(**kwargs)))
+    return Status(201, _chat_out(turns.turn_run(**kwargs)))
+
+
+def _chat_out(outcome: turns.TurnOutcome) -> dict[str, Any]:
+    return {
+        "attempt": outcome.attempt,
+        "tip": outcome.tip,
+        "version": outcome.version,
+        "message_ids": outcome.message_ids,
+    }
+
+
+@router.post("/conversations/{cid}/retry", response={201: ChatOut}, tags=["chat"])
+def retry(request: HttpRequest, cid: str, stream: bool = False) -> Any:
+    """Run the last failed or interrupted turn again. 404 ``nothing_loaded`` when there
+    is no such conversation or no transcript; 409 ``nothing_to_retry`` when the last
+    turn completed."""
+    events = turns.retry_events(user=_user(request), conversation_id=cid)
+    if stream:
+        return event_stream(request, _first_event(events))
+    return Status(201, _chat_out(turns.turn_drain(events)))
 
 
 # --- checkpoints and rewind ----------------------------------------------------------

@@ -183,3 +183,18 @@ class BlobOut(Schema):
     size: int
     width: int
     height: int
+
+
+class ChatIn(Schema):
+    parts: list[Any]
+    parent: uuid.UUID | None = None
+    # Omit ``parent`` to continue from the current tip; send null to start a new root.
+    model: Text = Field("", max_length=200)
+    stream: bool = False
+
+
+class ChatOut(Schema):
+    attempt: uuid.UUID
+    tip: uuid.UUID
+    version: int
+    message_ids: list[uuid.UUID]

@@ -134,13 +134,14 @@ def turn_append(
     *,
     conversation: Conversation,
     parent_id: uuid.UUID | str | None,
-    expected_version: int,
+    expected_version: int | None,
     messages: list[Any] | list[DraftMessage],
     origin: str = Origin.TURN,
 ) -> TurnResult:
     """Append one whole turn below ``parent_id`` and move the tip to its last message, in
     one transaction. A turn whose tool calls and results do not pair up is rejected with
-    nothing written."""
+    nothing written. ``expected_version=None`` appends whatever the version is now (the
+    chat engine, whose turn belongs below its parent even if the tip moved meanwhile)."""
     if messages and all(isinstance(m, DraftMessage) for m in messages):
         drafts = [m for m in messages if isinstance(m, DraftMessage)]
     else:

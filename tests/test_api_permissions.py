@@ -25,7 +25,14 @@ from PIL import Image
 
 from conversations import services
 from conversations.api import router
-from conversations.models import ApiToken, Blob, Checkpoint, Conversation, Message
+from conversations.models import (
+    ApiToken,
+    Blob,
+    Checkpoint,
+    Conversation,
+    Message,
+    TurnAttempt,
+)
 from tests.builders import make_user, new_conversation, text
 
 JSON = "application/json"
@@ -85,6 +92,8 @@ class Route:
     upload: bool = False
     # False for routes that name none of the owner's ids (create, list, upload).
     names_owned_ids: bool = True
+    # The error code for an id that is missing (or another user's).
+    missing: str = "not_found"
     safe: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -156,6 +165,14 @@ ROUTES = [
     Route("GET", "/conversations/{cid}/checkpoints", 200),
     Route("POST", "/conversations/{cid}/checkpoints", 201, lambda ids: {"label": "fresh"}),
     Route("POST", "/conversations/{cid}/rewind", 200, lambda ids: {"label": "cp"}),
+    Route(
+        "POST",
+        "/conversations/{cid}/messages",
+        201,
+        lambda ids: {"parts": [{"type": "text", "text": "hi"}], "model": "fake/demo"},
+    ),
+    # DESIGN.md invariant 7: retry on a missing conversation is "nothing_loaded".
+    Route("POST", "/conversations/{cid}/retry", 201, missing="nothing_loaded"),
     Route("POST", "/blobs", 201, upload=True, names_owned_ids=False),
     Route("GET", "/blobs/{sha256}", 200),
 ]
@@ -220,6 +237,15 @@ class PermissionTestCase(TestCase):
         """A fresh conversation of Alice's, so each route starts from the same state."""
         conv, nodes = new_conversation(self.alice, "a>b>c", title="alice's")
         services.checkpoint_create(conversation=conv, label="cp")
+        # A failed turn, so that retry has something to run.
+        TurnAttempt.objects.create(
+            conversation=conv,
+            parent=nodes["c"],
+            input_parts=[{"type": "text", "text": "again"}],
+            model="fake/demo",
+            status="failed",
+            error_code="provider_unavailable",
+        )
         blob = services.blob_store(owner=self.alice, data=png_bytes())
         conv.refresh_from_db()
         return Ids(
@@ -311,7 +337,7 @@ class StrangerTests(PermissionTestCase):
                 assert missing.status_code == 404, (str(route), missing.content)
                 assert snapshot(ids.cid) == before
                 their_body, missing_body = error_of(theirs), error_of(missing)
-                assert their_body["error"] == missing_body["error"] == "not_found"
+                assert their_body["error"] == missing_body["error"] == route.missing
                 assert normalised(their_body, ids) == normalised(missing_body, ghost)
 
     def test_it_never_lists_another_users_conversations(self) -> None:

@@ -1,0 +1,71 @@
+"""Server-Sent Events for turns, under WSGI and ASGI alike.
+
+Under ASGI, Django drains a *synchronous* streaming iterator completely before sending
+anything (it wraps it in ``sync_to_async(list)``), which would defeat streaming. So under
+ASGI the synchronous engine runs in its own thread and hands events over through a
+queue to an async iterator.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIRequest
+from django.db import close_old_connections, connections
+from django.http import HttpRequest, StreamingHttpResponse
+
+_END = object()
+
+
+def sse(event: dict[str, Any]) -> bytes:
+    name = event.get("event", "message")
+    data = json.dumps({k: v for k, v in event.items() if k != "event"}, ensure_ascii=False)
+    return f"event: {name}\ndata: {data}\n\n".encode()
+
+
+def _threaded(produce: Callable[[], Iterator[dict[str, Any]]]) -> AsyncIterator[bytes]:
+    handoff: queue.Queue[Any] = queue.Queue(maxsize=256)
+
+    def run() -> None:
+        close_old_connections()
+        try:
+            for event in produce():
+                handoff.put(sse(event))
+        except Exception as exc:  # the engine recorded it on the attempt already
+            handoff.put(sse({"event": "error", "error": "internal", "detail": type(exc).__name__}))
+        finally:
+            connections.close_all()  # this thread's connections die with it
+            handoff.put(_END)
+
+    threading.Thread(target=run, name="arbor-turn", daemon=True).start()
+
+    async def iterate() -> AsyncIterator[bytes]:
+        while True:
+            item = await sync_to_async(handoff.get, thread_sensitive=False)()
+            if item is _END:
+                return
+            yield item
+
+    return iterate()
+
+
+def _sync(produce: Callable[[], Iterator[dict[str, Any]]]) -> Iterator[bytes]:
+    for event in produce():
+        yield sse(event)
+
+
+def event_stream(
+    request: HttpRequest, produce: Callable[[], Iterator[dict[str, Any]]]
+) -> StreamingHttpResponse:
+    """Stream a turn's events. ``produce`` starts the engine (input was already
+    validated, so errors from here on arrive as ``error`` events)."""
+    body = _threaded(produce) if isinstance(request, ASGIRequest) else _sync(produce)
+    response = StreamingHttpResponse(body, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # tell proxies not to buffer the stream
+    return response

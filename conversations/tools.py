@@ -1,0 +1,139 @@
+"""Tools the model may call during a turn. Each takes a context and its JSON arguments
+and returns text; an exception becomes an ``is_error`` tool result, never a crash."""
+
+from __future__ import annotations
+
+import ast
+import json
+import operator
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from conversations.models import Conversation, Message
+from conversations.providers.base import ToolSpec
+
+
+class ToolFailed(Exception):
+    """The tool ran and failed in a way the model should be told about."""
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    conversation: Conversation
+
+
+@dataclass(frozen=True)
+class Tool:
+    spec: ToolSpec
+    run: Callable[[ToolContext, dict[str, Any]], str]
+
+
+def _now(ctx: ToolContext, args: dict[str, Any]) -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+_BINARY: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_UNARY: dict[type, Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+
+
+def _evaluate(node: ast.AST) -> float | int:
+    # A whitelist walk over the expression tree: never eval(), and exponents are capped
+    # so "9**9**9" cannot pin a worker.
+    if isinstance(node, ast.Expression):
+        return _evaluate(node.body)
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+        if isinstance(node.value, bool):
+            raise ToolFailed("booleans are not numbers here")
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _evaluate(node.left), _evaluate(node.right)
+        if isinstance(node.op, ast.Pow) and (abs(right) > 100 or abs(left) > 1e6):
+            raise ToolFailed("exponent too large")
+        result: float | int = _BINARY[type(node.op)](left, right)
+        return result
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        value: float | int = _UNARY[type(node.op)](_evaluate(node.operand))
+        return value
+    raise ToolFailed(f"unsupported expression element: {type(node).__name__}")
+
+
+def _calculator(ctx: ToolContext, args: dict[str, Any]) -> str:
+    expression = args.get("expression")
+    if not isinstance(expression, str) or len(expression) > 500:
+        raise ToolFailed("expression must be a string of at most 500 characters")
+    try:
+        value = _evaluate(ast.parse(expression, mode="eval"))
+    except SyntaxError:
+        raise ToolFailed(f"not an arithmetic expression: {expression!r}") from None
+    except ZeroDivisionError:
+        raise ToolFailed("division by zero") from None
+    return str(value)
+
+
+def _recall(ctx: ToolContext, args: dict[str, Any]) -> str:
+    """The full original of a message, e.g. a tool result that compaction elided."""
+    try:
+        mid = uuid.UUID(str(args.get("message_id")))
+        message = Message.objects.get(pk=mid, conversation__owner_id=ctx.conversation.owner_id)
+    except (ValueError, Message.DoesNotExist):
+        raise ToolFailed(f"no such message: {args.get('message_id')!r}") from None
+    return json.dumps(
+        {"id": str(message.id), "role": message.role, "parts": message.parts},
+        ensure_ascii=False,
+    )
+
+
+TOOLS: dict[str, Tool] = {
+    tool.spec.name: tool
+    for tool in (
+        Tool(ToolSpec("current_time", "The current date and time in UTC (ISO 8601)."), _now),
+        Tool(
+            ToolSpec(
+                "calculator",
+                "Evaluate an arithmetic expression (+ - * / // % ** and parentheses).",
+                {
+                    "type": "object",
+                    "properties": {"expression": {"type": "string"}},
+                    "required": ["expression"],
+                },
+            ),
+            _calculator,
+        ),
+        Tool(
+            ToolSpec(
+                "recall",
+                "Fetch the full original of an earlier message by its id, for example a "
+                "tool result shown as '[elided tool result <id>: N chars]'.",
+                {
+                    "type": "object",
+                    "properties": {"message_id": {"type": "string"}},
+                    "required": ["message_id"],
+                },
+            ),
+            _recall,
+        ),
+    )
+}
+
+
+def run_tool(name: str, arguments: dict[str, Any], ctx: ToolContext) -> tuple[str, bool]:
+    """Run a tool; returns (text, is_error). Unknown tools and failures are errors the
+    model is told about."""
+    tool = TOOLS.get(name)
+    if tool is None:
+        return f"unknown tool {name!r}; available: {', '.join(sorted(TOOLS))}", True
+    try:
+        return tool.run(ctx, arguments if isinstance(arguments, dict) else {}), False
+    except ToolFailed as exc:
+        return str(exc), True

@@ -1,0 +1,380 @@
+"""The chat turn engine: user message → model → tools → model … → final answer.
+
+The whole turn is held in memory and written at its end by ``services.turn_append``, in
+one transaction with the tip move, so a process killed anywhere mid-turn leaves the
+transcript at the previous turn. What was asked is recorded first in a ``TurnAttempt``
+row (committed on its own), so a failed or interrupted turn can be retried after a
+restart.
+
+The engine is a generator of events; the API streams them as Server-Sent Events or
+drains them for a plain JSON answer. One engine, two ways to watch it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from conversations import selectors, services
+from conversations.errors import ArborError, Conflict, InvalidInput, NotFound
+from conversations.models import (
+    AttemptStatus,
+    Blob,
+    Checkpoint,
+    CheckpointState,
+    Conversation,
+    Message,
+    TurnAttempt,
+)
+from conversations.parts import DraftMessage, clean_messages
+from conversations.providers import (
+    Done,
+    ModelSpec,
+    ProviderError,
+    Request,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallStarted,
+    make_provider,
+    resolve_model,
+)
+from conversations.resume import ResumeReport, resume_view
+from conversations.tools import TOOLS, ToolContext, run_tool
+
+_AT_TIP: Any = object()
+
+
+class NothingLoaded(NotFound):
+    code = "nothing_loaded"
+
+
+class NothingToRetry(Conflict):
+    code = "nothing_to_retry"
+
+
+class TurnInProgress(Conflict):
+    code = "turn_in_progress"
+
+
+@dataclass
+class TurnOutcome:
+    attempt: uuid.UUID
+    tip: uuid.UUID
+    version: int
+    message_ids: list[uuid.UUID]
+    resume: ResumeReport = field(default_factory=ResumeReport)
+
+
+# --- the transcript a model sees -----------------------------------------------------
+
+
+def transcript_for_model(
+    *, conversation: Conversation, tip_id: uuid.UUID | None
+) -> tuple[list[dict[str, Any]], ResumeReport]:
+    """The path to ``tip_id`` as a model may receive it: trimmed back to the last valid
+    boundary (see conversations.resume). A live checkpoint whose message was trimmed is
+    marked dropped — never moved to another message."""
+    path = selectors.message_path(conversation_id=conversation.pk, tip_id=tip_id)
+    view, report = resume_view(path)
+    if report.trimmed:
+        trimmed = {uuid.UUID(mid) for mid in report.trimmed}
+        for checkpoint in Checkpoint.objects.filter(
+            conversation=conversation, state=CheckpointState.LIVE, message_id__in=trimmed
+        ):
+            services.checkpoint_drop(
+                checkpoint=checkpoint,
+                reason=f"its message {checkpoint.message_id} was trimmed on resume: the "
+                "transcript ended between a tool call and its result",
+            )
+    return [{"role": m.role, "parts": m.parts} for m in view], report
+
+
+def load_blob(sha256: str) -> bytes:
+    blob = Blob.objects.get(pk=sha256)
+    with blob.file.open("rb") as handle:
+        data: bytes = handle.read()
+    return data
+
+
+# --- attempts ------------------------------------------------------------------------
+
+
+def _worker_name() -> str:
+    # Re-read the pid: a forked worker must not inherit its parent's name.
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def attempt_is_stale(attempt: TurnAttempt) -> bool:
+    """A running attempt whose process is gone (same host, pid not alive) or that has not
+    shown signs of life for ARBOR_ATTEMPT_STALE_SECONDS."""
+    if attempt.status != AttemptStatus.RUNNING:
+        return False
+    host, _, pid = attempt.worker.rpartition(":")
+    if host == socket.gethostname() and pid.isdigit():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass  # alive, owned by someone else
+    limit = timedelta(seconds=settings.ARBOR_ATTEMPT_STALE_SECONDS)
+    return timezone.now() - attempt.heartbeat_at > limit
+
+
+def _attempt_finish(
+    attempt: TurnAttempt,
+    *,
+    status: str,
+    code: str = "",
+    text: str = "",
+    tip: uuid.UUID | None = None,
+) -> None:
+    TurnAttempt.objects.filter(pk=attempt.pk).update(
+        status=status,
+        error_code=code[:64],
+        error_text=text,
+        result_tip_id=tip,
+        finished_at=timezone.now(),
+    )
+
+
+def _heartbeat(attempt: TurnAttempt) -> None:
+    now = timezone.now()
+    # At most one write every few seconds, however fast the tokens arrive.
+    if now - attempt.heartbeat_at > timedelta(seconds=5):
+        attempt.heartbeat_at = now
+        TurnAttempt.objects.filter(pk=attempt.pk).update(heartbeat_at=now)
+
+
+# --- running a turn ------------------------------------------------------------------
+
+
+def _clean_input(parts: Any, owner_id: Any) -> list[dict[str, Any]]:
+    drafts = clean_messages(
+        [{"role": "user", "parts": parts}],
+        max_messages=1,
+        max_chars=settings.ARBOR_MAX_PART_CHARS,
+    )
+    services._resolve_images(drafts, owner_id=owner_id)
+    return drafts[0].parts
+
+
+def _resolve(model: str) -> ModelSpec:
+    try:
+        return resolve_model(model)
+    except ValueError as exc:
+        raise InvalidInput(str(exc), code="bad_model") from None
+
+
+def turn_events(
+    *,
+    conversation: Conversation,
+    parts: Any,
+    parent_id: Any = _AT_TIP,
+    model: str = "",
+    retry_of: TurnAttempt | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Run one chat turn, yielding events as they happen; the last event is ``done``
+    (with the persisted ids) or ``error``. Bad input raises before anything is written."""
+    user_parts = _clean_input(parts, conversation.owner_id)
+    model_id = model or conversation.model or settings.ARBOR_DEFAULT_MODEL
+    spec = _resolve(model_id)
+    if parent_id is _AT_TIP:
+        conversation.refresh_from_db(fields=["tip", "version"])
+        parent_id = conversation.tip_id
+    elif (
+        parent_id is not None
+        and not Message.objects.filter(pk=parent_id, conversation=conversation).exists()
+    ):
+        raise InvalidInput(f"parent {parent_id} is not a message of this conversation")
+
+    attempt = TurnAttempt.objects.create(
+        conversation=conversation,
+        parent_id=parent_id,
+        input_parts=user_parts,
+        model=model_id,
+        worker=_worker_name(),
+        retry_of=retry_of,
+    )
+    yield {"event": "attempt", "attempt": str(attempt.pk), "model": spec.id, "notice": spec.notice}
+    finished = False
+    try:
+        history, report = transcript_for_model(conversation=conversation, tip_id=parent_id)
+        if report.changed:
+            yield {"event": "resume", "trimmed": report.trimmed, "repaired": report.repaired}
+        turn: list[dict[str, Any]] = [{"role": "user", "parts": user_parts}]
+        tool_specs = [tool.spec for tool in TOOLS.values()]
+        context = ToolContext(conversation=conversation)
+        with make_provider(spec, load_blob=load_blob) as provider:
+            for round_number in range(settings.ARBOR_MAX_TOOL_ROUNDS + 1):
+                # The last round offers no tools, so the turn ends on an answer.
+                last_round = round_number == settings.ARBOR_MAX_TOOL_ROUNDS
+                request = Request(
+                    messages=history + turn,
+                    system=conversation.system_prompt,
+                    tools=() if last_round else tool_specs,
+                )
+                reply = None
+                for event in provider.stream(request):
+                    _heartbeat(attempt)
+                    if isinstance(event, TextDelta):
+                        yield {"event": "delta", "text": event.text}
+                    elif isinstance(event, ThinkingDelta):
+                        yield {"event": "thinking", "text": event.text}
+                    elif isinstance(event, ToolCallStarted):
+                        yield {"event": "tool_call", "id": event.id, "name": event.name}
+                    elif isinstance(event, Done):
+                        reply = event.reply
+                assert reply is not None  # stream() raises rather than end without Done
+                message = reply.message()
+                if not message["parts"]:
+                    message["parts"] = [{"type": "text", "text": ""}]
+                turn.append(message)
+                if not reply.tool_calls:
+                    break
+                results = []
+                for call in reply.tool_calls:
+                    text, is_error = run_tool(call["name"], call.get("arguments") or {}, context)
+                    results.append(
+                        {
+                            "type": "tool_result",
+                            "call_id": call["id"],
+                            "is_error": is_error,
+                            "parts": [{"type": "text", "text": text}],
+                        }
+                    )
+                    yield {
+                        "event": "tool_result",
+                        "call_id": call["id"],
+                        "name": call["name"],
+                        "is_error": is_error,
+                    }
+                turn.append({"role": "tool", "parts": results})
+        result = services.turn_append(
+            conversation=conversation,
+            parent_id=parent_id,
+            expected_version=None,
+            messages=[
+                DraftMessage(role=m["role"], parts=m["parts"], metadata=m.get("metadata", {}))
+                for m in turn
+            ],
+        )
+        _attempt_finish(attempt, status=AttemptStatus.COMPLETED, tip=result.tip)
+        finished = True
+        yield {
+            "event": "done",
+            "attempt": str(attempt.pk),
+            "tip": str(result.tip),
+            "version": result.version,
+            "message_ids": [str(mid) for mid in result.message_ids],
+        }
+    except (ProviderError, ArborError) as exc:
+        body = exc.as_dict()
+        _attempt_finish(
+            attempt, status=AttemptStatus.FAILED, code=body["error"], text=body["detail"]
+        )
+        finished = True
+        yield {"event": "error", "attempt": str(attempt.pk), **body}
+    except Exception as exc:
+        _attempt_finish(
+            attempt, status=AttemptStatus.FAILED, code="internal", text=type(exc).__name__
+        )
+        finished = True
+        raise
+    finally:
+        if not finished:
+            # The consumer went away mid-turn (a closed stream): nothing was written to
+            # the transcript; the attempt stays retryable.
+            _attempt_finish(
+                attempt, status=AttemptStatus.FAILED, code="interrupted", text="stream closed"
+            )
+
+
+class TurnFailed(ArborError):
+    """A turn ended in a provider or engine error (the attempt records it)."""
+
+    status = 502
+    code = "provider_error"
+
+
+def turn_run(**kwargs: Any) -> TurnOutcome:
+    """Run a turn to its end without streaming; raise TurnFailed on a failed turn."""
+    return turn_drain(turn_events(**kwargs))
+
+
+def turn_drain(events: Iterator[dict[str, Any]]) -> TurnOutcome:
+    outcome: dict[str, Any] = {}
+    for event in events:
+        if event["event"] == "done":
+            outcome = event
+        elif event["event"] == "error":
+            status = {"rate_limited": 429, "context_overflow": 413}.get(event["error"], 502)
+            error = TurnFailed(
+                event["detail"],
+                code=event["error"],
+                attempt=event["attempt"],
+            )
+            error.status = status
+            raise error
+    return TurnOutcome(
+        attempt=uuid.UUID(outcome["attempt"]),
+        tip=uuid.UUID(outcome["tip"]),
+        version=outcome["version"],
+        message_ids=[uuid.UUID(m) for m in outcome["message_ids"]],
+    )
+
+
+# --- retry ---------------------------------------------------------------------------
+
+
+def retry_target(*, user: Any, conversation_id: Any) -> tuple[Conversation, TurnAttempt]:
+    """What ``retry`` would run, in DESIGN.md's order: no such conversation →
+    nothing_loaded; the last attempt failed (or was interrupted) → that attempt; no
+    attempt and no messages → nothing_loaded; otherwise nothing_to_retry."""
+    try:
+        conversation = selectors.conversation_get(user=user, conversation_id=conversation_id)
+    except NotFound:
+        raise NothingLoaded("nothing loaded: there is no such conversation") from None
+    with transaction.atomic():
+        last = (
+            TurnAttempt.objects.select_for_update()
+            .filter(conversation=conversation)
+            .order_by("-created_at")
+            .first()
+        )
+        if last is not None and attempt_is_stale(last):
+            # Its process died mid-turn; the transcript holds the previous turn.
+            last.status = AttemptStatus.FAILED
+            _attempt_finish(
+                last,
+                status=AttemptStatus.FAILED,
+                code="interrupted",
+                text=f"the process running this turn ({last.worker}) stopped",
+            )
+    if last is not None and last.status == AttemptStatus.FAILED:
+        return conversation, last
+    if last is not None and last.status == AttemptStatus.RUNNING:
+        raise TurnInProgress("a turn is still running in this conversation")
+    if last is None and not Message.objects.filter(conversation=conversation).exists():
+        raise NothingLoaded("nothing loaded: the conversation has no transcript")
+    raise NothingToRetry("nothing to retry: the last turn completed")
+
+
+def retry_events(*, user: Any, conversation_id: Any) -> Iterator[dict[str, Any]]:
+    conversation, failed = retry_target(user=user, conversation_id=conversation_id)
+    return turn_events(
+        conversation=conversation,
+        parts=failed.input_parts,
+        parent_id=failed.parent_id,
+        model=failed.model,
+        retry_of=failed,
+    )

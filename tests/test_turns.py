@@ -1,0 +1,406 @@
+"""Chat turns against the loopback fake provider over real HTTP, both protocols.
+
+The fake (conversations.providers.fake) is a real HTTP server on 127.0.0.1; the engine
+talks to it through the official SDKs, exactly as it would talk to a real provider.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import Client, TestCase, TransactionTestCase
+
+from conversations import selectors, services
+from conversations.models import Checkpoint, Conversation, Message, TurnAttempt
+from conversations.providers.fake import FakeLLMServer, Step
+from conversations.turns import attempt_is_stale, transcript_for_model
+from tests.builders import make_user, new_conversation, text
+
+ROOT = Path(__file__).resolve().parent.parent
+PROTOCOLS = ["openai/test", "anthropic/test"]
+# Started (and stopped) by the module fixture below.
+FAKE = FakeLLMServer(context_window=4000)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fake_provider() -> Iterator[FakeLLMServer]:
+    """One fake server for the module, declared as two models in an ARBOR_MODELS file."""
+    server = FAKE.start()
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump(
+            {
+                "models": {
+                    "openai/test": {
+                        "base_url": server.openai_base_url,
+                        "context_window": 4000,
+                        "max_output": 256,
+                    },
+                    "anthropic/test": {
+                        "base_url": server.anthropic_base_url,
+                        "context_window": 4000,
+                        "max_output": 256,
+                    },
+                }
+            },
+            handle,
+        )
+    saved = {k: os.environ.get(k) for k in ("ARBOR_MODELS", "OPENAI_API_KEY", "ANTHROPIC_API_KEY")}
+    os.environ.update(
+        ARBOR_MODELS=handle.name, OPENAI_API_KEY="sk-test", ANTHROPIC_API_KEY="sk-ant-test"
+    )
+    yield server
+    server.stop()
+    os.unlink(handle.name)
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def sse_events(response: Any) -> list[tuple[str, dict[str, Any]]]:
+    raw = b"".join(response.streaming_content).decode()
+    events = []
+    for block in raw.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines())
+        events.append((lines["event"], json.loads(lines["data"])))
+    return events
+
+
+class ChatTestCase(TestCase):
+    @classmethod
+    def setUpTestData(cls) -> None:
+        cls.user = make_user()
+        _, cls.secret = services.api_token_create(user=cls.user, name="t")
+
+    def setUp(self) -> None:
+        FAKE.clear()
+        self.api = Client(HTTP_AUTHORIZATION=f"Bearer {self.secret}")
+
+    def chat(self, conv: Conversation, words: str, model: str, **extra: Any) -> Any:
+        return self.api.post(
+            f"/api/conversations/{conv.pk}/messages",
+            {"parts": text(words), "model": model, **extra},
+            content_type="application/json",
+        )
+
+    def path_roles(self, conv: Conversation) -> list[str]:
+        conv.refresh_from_db()
+        return [m.role for m in selectors.message_path(conversation_id=conv.pk, tip_id=conv.tip_id)]
+
+
+@pytest.mark.parametrize("model", PROTOCOLS)
+class TestTurnsBothProtocols:
+    """The same behaviour through OpenAI chat completions and Anthropic messages."""
+
+    @pytest.fixture(autouse=True)
+    def _setup(self, db: Any) -> None:
+        FAKE.clear()
+        self.user = make_user("p")
+        _, secret = services.api_token_create(user=self.user, name="t")
+        self.api = Client(HTTP_AUTHORIZATION=f"Bearer {secret}")
+        self.conv, _ = new_conversation(self.user, "hello>hi")
+
+    def post(self, words: str, model: str, **extra: Any) -> Any:
+        return self.api.post(
+            f"/api/conversations/{self.conv.pk}/messages",
+            {"parts": text(words), "model": model, **extra},
+            content_type="application/json",
+        )
+
+    def test_it_runs_a_plain_turn_and_stores_measured_usage(self, model: str) -> None:
+        FAKE.push(Step.reply("Jeju is an island."))
+        response = self.post("where is jeju?", model)
+        assert response.status_code == 201, response.content
+        body = response.json()
+        answer = Message.objects.get(pk=body["tip"])
+        assert answer.parts == [{"type": "text", "text": "Jeju is an island."}]
+        assert answer.metadata["usage"]["input_tokens"] > 0
+        assert answer.metadata["usage"]["output_tokens"] > 0
+        assert answer.parent.parts == text("where is jeju?")
+        assert answer.parent.parent.parts == text("hi")  # continued from the tip
+        # The model saw the whole path, in order.
+        sent = FAKE.requests[-1].body["messages"]
+        assert "hello" in json.dumps(sent) and "where is jeju?" in json.dumps(sent)
+        attempt = TurnAttempt.objects.get(pk=body["attempt"])
+        assert attempt.status == "completed" and attempt.result_tip_id == answer.id
+
+    def test_it_streams_deltas_then_done(self, model: str) -> None:
+        FAKE.push(Step.reply("one two three four"))
+        response = self.post("count", model, stream=True)
+        assert response.status_code == 200
+        assert response["Content-Type"] == "text/event-stream"
+        events = sse_events(response)
+        kinds = [kind for kind, _ in events]
+        assert kinds[0] == "attempt" and kinds[-1] == "done"
+        deltas = [data["text"] for kind, data in events if kind == "delta"]
+        assert len(deltas) > 1 and "".join(deltas) == "one two three four"
+        done = events[-1][1]
+        assert Message.objects.get(pk=done["tip"]).parts == text("one two three four")
+
+    def test_two_tool_rounds_are_persisted_as_one_turn(self, model: str) -> None:
+        FAKE.push(
+            Step.tools({"name": "calculator", "arguments": {"expression": "6*7"}, "id": "c1"}),
+            Step.tools({"name": "current_time", "arguments": {}, "id": "c2"}),
+            Step.reply("42, and it is now."),
+        )
+        before = Message.objects.count()
+        response = self.post("what is 6*7 and the time?", model)
+        assert response.status_code == 201, response.content
+        path = selectors.message_path(conversation_id=self.conv.pk, tip_id=response.json()["tip"])
+        assert [m.role for m in path[2:]] == [
+            "user", "assistant", "tool", "assistant", "tool", "assistant"
+        ]  # fmt: skip
+        calc = path[4].parts[0]
+        assert calc["call_id"] == "c1" and calc["parts"] == text("42") and not calc["is_error"]
+        assert Message.objects.count() == before + 6
+        # The second and third requests carried the tool results back to the model.
+        assert len(FAKE.requests) == 3
+        assert "42" in json.dumps(FAKE.requests[1].body["messages"])
+
+    def test_a_provider_500_is_retried(self, model: str) -> None:
+        FAKE.push(Step.error(500, "upstream exploded"), Step.reply("fine now"))
+        response = self.post("hi", model)
+        assert response.status_code == 201, response.content
+        assert len(FAKE.requests) == 2
+
+    def test_a_429_waits_for_retry_after(self, model: str) -> None:
+        FAKE.push(Step.error(429, "slow down", retry_after=1), Step.reply("thanks"))
+        response = self.post("hi", model)
+        assert response.status_code == 201, response.content
+        first, second = FAKE.requests
+        assert second.received_at - first.received_at >= 0.9
+
+    def test_an_overflow_fails_the_attempt_and_writes_nothing(self, model: str) -> None:
+        before = Message.objects.count()
+        response = self.post("x " * 20000, model)
+        assert response.status_code == 413, response.content
+        body = response.json()
+        assert body["error"] == "context_overflow"
+        attempt = TurnAttempt.objects.get(pk=body["attempt"])
+        assert attempt.status == "failed" and attempt.error_code == "context_overflow"
+        assert Message.objects.count() == before
+
+
+class RetryTests(ChatTestCase):
+    def retry(self, conv_id: Any, client: Client | None = None) -> Any:
+        return (client or self.api).post(f"/api/conversations/{conv_id}/retry")
+
+    def test_nothing_loaded_for_a_missing_conversation(self) -> None:
+        response = self.retry("6f1c1f7e-5b8e-4d43-9a55-000000000000")
+        assert response.status_code == 404 and response.json()["error"] == "nothing_loaded"
+
+    def test_nothing_loaded_for_an_empty_conversation_without_attempts(self) -> None:
+        conv, _ = new_conversation(self.user)
+        response = self.retry(conv.pk)
+        assert response.status_code == 404 and response.json()["error"] == "nothing_loaded"
+
+    def test_nothing_to_retry_after_a_completed_turn(self) -> None:
+        conv, _ = new_conversation(self.user)
+        FAKE.push(Step.reply("done"))
+        assert self.chat(conv, "hi", "openai/test").status_code == 201
+        response = self.retry(conv.pk)
+        assert response.status_code == 409 and response.json()["error"] == "nothing_to_retry"
+
+    def test_nothing_to_retry_for_a_transcript_without_attempts(self) -> None:
+        conv, _ = new_conversation(self.user, "a>b")
+        response = self.retry(conv.pk)
+        assert response.status_code == 409 and response.json()["error"] == "nothing_to_retry"
+
+    def test_a_failed_first_turn_is_retried_on_an_empty_transcript_after_a_restart(
+        self,
+    ) -> None:
+        conv, _ = new_conversation(self.user)
+        FAKE.push(Step.error(400, "model is sulking", body={"error": {"message": "nope"}}))
+        failed = self.chat(conv, "first words", "openai/test")
+        assert failed.status_code == 502, failed.content
+        assert not Message.objects.filter(conversation=conv).exists()
+        # A new client: nothing in memory survives, only the database.
+        restarted = Client(HTTP_AUTHORIZATION=f"Bearer {self.secret}")
+        FAKE.push(Step.reply("hello at last"))
+        response = self.retry(conv.pk, restarted)
+        assert response.status_code == 201, response.content
+        assert self.path_roles(conv) == ["user", "assistant"]
+        user_message = Message.objects.get(conversation=conv, role="user")
+        assert user_message.parts == text("first words")
+        retried = TurnAttempt.objects.get(pk=response.json()["attempt"])
+        assert retried.retry_of_id == TurnAttempt.objects.get(status="failed").pk
+        assert self.retry(conv.pk, restarted).json()["error"] == "nothing_to_retry"
+
+    def test_bad_input_is_refused_before_any_attempt(self) -> None:
+        conv, _ = new_conversation(self.user)
+        response = self.api.post(
+            f"/api/conversations/{conv.pk}/messages",
+            {"parts": [{"type": "tool_call", "id": "x", "name": "y"}]},
+            content_type="application/json",
+        )
+        assert response.status_code == 422
+        assert not TurnAttempt.objects.exists()
+        response = self.chat(conv, "hi", "nonsense-model")
+        assert response.status_code == 422 and response.json()["error"] == "bad_model"
+        assert not TurnAttempt.objects.exists()
+
+
+class ResumeTrimTests(ChatTestCase):
+    def test_a_turn_from_a_mid_turn_tip_sends_a_trimmed_transcript(self) -> None:
+        conv, _ = new_conversation(self.user)
+        result = services.turn_append(
+            conversation=conv,
+            parent_id=None,
+            expected_version=0,
+            messages=[
+                {"role": "user", "parts": text("go")},
+                {
+                    "role": "assistant",
+                    "parts": [{"type": "tool_call", "id": "c1", "name": "t", "arguments": {}}],
+                },
+                {"role": "tool", "parts": [{"type": "tool_result", "call_id": "c1", "parts": []}]},
+                {"role": "assistant", "parts": text("done")},
+            ],
+        )
+        call_id = result.message_ids[1]
+        conv.refresh_from_db()
+        services.tip_move(conversation=conv, message_id=call_id, expected_version=conv.version)
+        # An imported checkpoint sitting on the call (importers keep what files say).
+        imported = Checkpoint.objects.create(
+            conversation=conv, label="odd", message_id=call_id, source="user"
+        )
+        FAKE.push(Step.reply("ok"))
+        response = self.chat(conv, "again", "openai/test")
+        assert response.status_code == 201, response.content
+        sent = FAKE.requests[-1].body["messages"]
+        assert [m["role"] for m in sent] == ["user", "user"]
+        assert "tool_calls" not in json.dumps(sent)
+        imported.refresh_from_db()
+        assert imported.state == "dropped" and imported.message_id == call_id
+        assert "trimmed on resume" in imported.reason
+        # The tree still holds the trimmed call.
+        assert Message.objects.filter(pk=call_id).exists()
+
+    def test_transcript_for_model_reports_what_it_trimmed(self) -> None:
+        conv, _ = new_conversation(self.user)
+        result = services.turn_append(
+            conversation=conv,
+            parent_id=None,
+            expected_version=0,
+            messages=[
+                {"role": "user", "parts": text("go")},
+                {
+                    "role": "assistant",
+                    "parts": [{"type": "tool_call", "id": "c1", "name": "t", "arguments": {}}],
+                },
+                {"role": "tool", "parts": [{"type": "tool_result", "call_id": "c1", "parts": []}]},
+                {"role": "assistant", "parts": text("done")},
+            ],
+        )
+        messages, report = transcript_for_model(conversation=conv, tip_id=result.message_ids[1])
+        assert [m["role"] for m in messages] == ["user"]
+        assert report.trimmed == [str(result.message_ids[1])]
+
+
+def _child_env() -> dict[str, str]:
+    """The environment for a subprocess that must see this test's database."""
+    db = connection.settings_dict
+    env = dict(os.environ)
+    if connection.vendor == "sqlite":
+        env["DATABASE_URL"] = f"sqlite:///{db['NAME']}"
+    else:
+        env["DATABASE_URL"] = (
+            f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+        )
+    env["SECRET_KEY"] = "test-only"
+    return env
+
+
+class CrashTests(TransactionTestCase):
+    """A turn run in a real subprocess and SIGKILLed mid-turn leaves the previous turn."""
+
+    def setUp(self) -> None:
+        FAKE.clear()
+        self.user = make_user("crash")
+        _, secret = services.api_token_create(user=self.user, name="t")
+        self.api = Client(HTTP_AUTHORIZATION=f"Bearer {secret}")
+        self.conv, _ = new_conversation(self.user, "plan a trip>sure")
+        self.before = list(
+            Message.objects.filter(conversation=self.conv).values_list("id", flat=True)
+        )
+
+    def spawn(self, *extra: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "turn_child.py"), str(self.conv.pk),
+             "openai/test", "book the ferry", *extra],
+            env=_child_env(),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+
+    def wait_for(self, condition: Any, what: str, child: subprocess.Popen[bytes]) -> None:
+        deadline = time.monotonic() + 60
+        while not condition():
+            if child.poll() is not None:
+                raise AssertionError(f"child exited early: {child.stderr.read().decode()}")
+            if time.monotonic() > deadline:
+                child.kill()
+                raise AssertionError(f"timed out waiting for {what}")
+            time.sleep(0.05)
+
+    def assert_previous_turn_and_retry(self) -> None:
+        # Exactly the previous turn: no message of the killed turn, no orphan.
+        assert (
+            list(Message.objects.filter(conversation=self.conv).values_list("id", flat=True))
+            == self.before
+        )
+        self.conv.refresh_from_db()
+        path = selectors.message_path(conversation_id=self.conv.pk, tip_id=self.conv.tip_id)
+        assert [m.parts for m in path] == [text("plan a trip"), text("sure")]
+        attempt = TurnAttempt.objects.get(conversation=self.conv)
+        assert attempt.status == "running" and attempt_is_stale(attempt)
+        FAKE.push(
+            Step.tools({"name": "current_time", "arguments": {}, "id": "t1"}),
+            Step.reply("Ferry booked."),
+        )
+        response = self.api.post(f"/api/conversations/{self.conv.pk}/retry")
+        assert response.status_code == 201, response.content
+        attempt.refresh_from_db()
+        assert attempt.status == "failed" and attempt.error_code == "interrupted"
+        path = selectors.message_path(conversation_id=self.conv.pk, tip_id=response.json()["tip"])
+        assert [m.role for m in path] == [
+            "user",
+            "assistant",
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+        ]
+        assert path[2].parts == text("book the ferry")
+        assert path[-1].parts == text("Ferry booked.")
+
+    def test_killed_while_the_model_streams(self) -> None:
+        FAKE.push(Step.stall("I am booking the ferry for", after=3, hang=60))
+        child = self.spawn()
+        self.wait_for(lambda: len(FAKE.requests) >= 1, "the streamed request", child)
+        time.sleep(0.5)  # let the first deltas arrive
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+        self.assert_previous_turn_and_retry()
+
+    def test_killed_after_a_tool_call_before_its_result(self) -> None:
+        ready = Path(tempfile.mkdtemp()) / "ready"
+        FAKE.push(Step.tools({"name": "block", "arguments": {}, "id": "b1"}))
+        child = self.spawn("--block-tool", str(ready))
+        self.wait_for(ready.exists, "the tool to start", child)
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+        self.assert_previous_turn_and_retry()
