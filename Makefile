@@ -21,7 +21,8 @@ run: setup
 	mkdir -p var
 	DEBUG=1 $(BIN)/python manage.py migrate --noinput
 	DEBUG=1 $(BIN)/python manage.py seed_demo
-	DEBUG=1 $(BIN)/python manage.py runserver 127.0.0.1:8000
+	@echo "Serving on http://127.0.0.1:8000/ (ASGI, uvicorn); Ctrl-C stops."
+	DEBUG=1 $(BIN)/uvicorn arbor.asgi:application --host 127.0.0.1 --port 8000
 
 lint: setup
 	$(BIN)/ruff check .

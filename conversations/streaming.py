@@ -29,13 +29,17 @@ def sse(event: dict[str, Any]) -> bytes:
 
 
 def _threaded(produce: Callable[[], Iterator[dict[str, Any]]]) -> AsyncIterator[bytes]:
-    handoff: queue.Queue[Any] = queue.Queue(maxsize=256)
+    handoff: queue.Queue[Any] = queue.Queue()
+    # Set when the client goes away: the turn still runs to its end and is persisted (a
+    # reload shows the answer), but its events are no longer queued.
+    gone = threading.Event()
 
     def run() -> None:
         close_old_connections()
         try:
             for event in produce():
-                handoff.put(sse(event))
+                if not gone.is_set():
+                    handoff.put(sse(event))
         except Exception as exc:  # the engine recorded it on the attempt already
             handoff.put(sse({"event": "error", "error": "internal", "detail": type(exc).__name__}))
         finally:
@@ -45,11 +49,14 @@ def _threaded(produce: Callable[[], Iterator[dict[str, Any]]]) -> AsyncIterator[
     threading.Thread(target=run, name="arbor-turn", daemon=True).start()
 
     async def iterate() -> AsyncIterator[bytes]:
-        while True:
-            item = await sync_to_async(handoff.get, thread_sensitive=False)()
-            if item is _END:
-                return
-            yield item
+        try:
+            while True:
+                item = await sync_to_async(handoff.get, thread_sensitive=False)()
+                if item is _END:
+                    return
+                yield item
+        finally:
+            gone.set()
 
     return iterate()
 

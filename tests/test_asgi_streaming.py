@@ -1,0 +1,109 @@
+"""Streaming under the ASGI server `make run` uses: deltas reach the client while the
+model is still generating (Django would otherwise drain a sync iterator first)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from django.db import connection
+from django.test import TransactionTestCase
+
+from conversations import services
+from conversations.providers.fake import FakeLLMServer, Step
+from tests.builders import make_user, new_conversation
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def database_url() -> str:
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{db['NAME']}"
+    host = db["HOST"] or "127.0.0.1"
+    return f"postgres://{db['USER']}@{host}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+class AsgiStreamingTests(TransactionTestCase):
+    def test_deltas_arrive_before_the_model_finishes(self) -> None:
+        fake = FakeLLMServer().start()
+        self.addCleanup(fake.stop)
+        models = Path(tempfile.mkdtemp()) / "models.json"
+        models.write_text(
+            json.dumps({"models": {"openai/slow": {"base_url": fake.openai_base_url}}})
+        )
+        user = make_user("streamer")
+        _, secret = services.api_token_create(user=user, name="t")
+        conv, _ = new_conversation(user, "hi>hello")
+        port = free_port()
+        env = dict(
+            os.environ,
+            DATABASE_URL=database_url(),
+            SECRET_KEY="test-only",
+            ALLOWED_HOSTS="127.0.0.1",
+            ARBOR_MODELS=str(models),
+            OPENAI_API_KEY="sk-test",
+        )
+        server = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "arbor.asgi:application",
+             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+            cwd=ROOT, env=env,
+        )  # fmt: skip
+        self.addCleanup(server.wait, 10)
+        self.addCleanup(server.terminate)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "uvicorn did not start"
+                time.sleep(0.1)
+
+        # Three chunks, then the model hangs for 4 s and the stream breaks.
+        fake.push(Step.stall("alpha beta gamma delta epsilon", after=3, hang=4))
+        client = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        body = {"parts": [{"type": "text", "text": "go"}], "model": "openai/slow", "stream": True}
+        started = time.monotonic()
+        client.request(
+            "POST",
+            f"/api/conversations/{conv.pk}/messages",
+            body=json.dumps(body),
+            headers={"Authorization": f"Bearer {secret}", "Content-Type": "application/json"},
+        )
+        response = client.getresponse()
+        assert response.status == 200
+        assert response.getheader("Content-Type") == "text/event-stream"
+        first_delta_at = None
+        events = []
+        buffer = b""
+        while True:
+            chunk = response.read1(4096)
+            if not chunk:
+                break
+            buffer += chunk
+            while b"\n\n" in buffer:
+                block, buffer = buffer.split(b"\n\n", 1)
+                fields = dict(line.split(": ", 1) for line in block.decode().splitlines())
+                events.append(fields["event"])
+                if fields["event"] == "delta" and first_delta_at is None:
+                    first_delta_at = time.monotonic() - started
+        total = time.monotonic() - started
+        assert "delta" in events and events[-1] == "error"
+        assert first_delta_at is not None
+        # The first words arrived while the model still hung, not after the stream ended.
+        assert total - first_delta_at > 2.5, (first_delta_at, total)
