@@ -40,6 +40,7 @@ bench: setup
 	mkdir -p var
 	DEBUG=1 $(BIN)/python manage.py migrate --noinput
 	DEBUG=1 $(BIN)/python manage.py bench_tree
+	$(TEST_ENV) $(BIN)/python manage.py bench_turns
 
 clean:
 	rm -rf $(VENV) var/*.sqlite3
