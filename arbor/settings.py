@@ -92,7 +92,9 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = VAR_DIR / "static"
+# Set STATIC_ROOT (and run collectstatic) in production; unset, files are served from
+# the app and project folders through WhiteNoise's finders.
+STATIC_ROOT = env_str("STATIC_ROOT", "") or None
 # Without collectstatic (make run), serve straight from the app and project folders.
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
