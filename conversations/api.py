@@ -23,6 +23,7 @@ from conversations.schemas import (
     ConversationDetailOut,
     ConversationIn,
     ConversationPageOut,
+    ConversationPatch,
     EditIn,
     ForkIn,
     MessageDetailOut,
@@ -58,6 +59,7 @@ def _conversation_out(conv: Conversation, message_count: int | None = None) -> d
         "forked_from_conversation": forked.conversation_id if forked else None,
         "model": conv.model,
         "system_prompt": conv.system_prompt,
+        "checkpoint_tools": conv.checkpoint_tools,
         "message_count": count if count is not None else selectors.message_count(conversation=conv),
         "created_at": conv.created_at,
         "updated_at": conv.updated_at,
@@ -127,6 +129,14 @@ def list_conversations(request: HttpRequest, query: Query[ListQuery]) -> Any:
 @router.get("/conversations/{cid}", response=ConversationDetailOut)
 def get_conversation(request: HttpRequest, cid: str) -> Any:
     conv = selectors.conversation_get(user=_user(request), conversation_id=cid)
+    return _detail(conv)
+
+
+@router.patch("/conversations/{cid}", response=ConversationDetailOut)
+def update_conversation(request: HttpRequest, cid: str, payload: ConversationPatch) -> Any:
+    conv = selectors.conversation_get(user=_user(request), conversation_id=cid)
+    changes = {k: v for k, v in payload.dict(exclude_unset=True).items() if v is not None}
+    services.conversation_update(conversation=conv, **changes)
     return _detail(conv)
 
 

@@ -48,6 +48,9 @@ class Conversation(models.Model):
     )
     model = models.CharField(max_length=200, blank=True)
     system_prompt = models.TextField(blank=True)
+    # Offer the model the checkpoint/rewind tools (on for harness conversations created
+    # through the API, off for browser chats; switchable in both).
+    checkpoint_tools = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -224,10 +224,13 @@ def image_blobs(parts: Iterable[Part]) -> Iterator[str]:
             yield from image_blobs(p["parts"])
 
 
-def check_turn_pairing(drafts: list[DraftMessage]) -> None:
+def check_turn_pairing(drafts: list[DraftMessage], *, ends_in_rewind: bool = False) -> None:
     """A turn is complete: every tool call is answered by a result later in the same turn,
     every result answers a call made earlier in it, and the turn does not end waiting on a
-    tool (it ends with a user message or an assistant message without tool calls)."""
+    tool (it ends with a user message or an assistant message without tool calls).
+
+    A turn the model abandoned with its rewind tool ends on that tool's result instead:
+    still fully paired, it is the end of the branch left behind."""
     errors = _Errors()
     open_calls: dict[str, int] = {}
     seen_calls: set[str] = set()
@@ -250,7 +253,9 @@ def check_turn_pairing(drafts: list[DraftMessage]) -> None:
     for call_id, i in open_calls.items():
         errors.add(f"messages[{i}]", f"tool call {call_id!r} has no tool result in this turn")
     last = drafts[-1]
-    if last.role == "tool" or (last.role == "assistant" and any(tool_calls(last.parts))):
+    if ends_in_rewind and last.role == "tool":
+        pass
+    elif last.role == "tool" or (last.role == "assistant" and any(tool_calls(last.parts))):
         errors.add(
             f"messages[{len(drafts) - 1}]",
             "a turn must end at a boundary: a user message or a final assistant message",

@@ -30,6 +30,15 @@ class ConversationIn(Schema):
     title: Text = Field("", max_length=200)
     system_prompt: Text = Field("", max_length=200_000)
     model: Text = Field("", max_length=200)
+    # The model's checkpoint/rewind tools: on by default for harnesses using the API.
+    checkpoint_tools: bool = True
+
+
+class ConversationPatch(Schema):
+    title: Text | None = Field(None, max_length=200)
+    system_prompt: Text | None = Field(None, max_length=200_000)
+    model: Text | None = Field(None, max_length=200)
+    checkpoint_tools: bool | None = None
 
 
 class ForkLink(Schema):
@@ -47,6 +56,7 @@ class ConversationOut(Schema):
     forked_from_conversation: uuid.UUID | None
     model: str
     system_prompt: str
+    checkpoint_tools: bool
     message_count: int
     created_at: datetime
     updated_at: datetime

@@ -63,11 +63,35 @@ class TurnResult:
 
 
 def conversation_create(
-    *, owner: User, title: str = "", system_prompt: str = "", model: str = ""
+    *,
+    owner: User,
+    title: str = "",
+    system_prompt: str = "",
+    model: str = "",
+    checkpoint_tools: bool = False,
 ) -> Conversation:
     return Conversation.objects.create(
-        owner=owner, title=title.strip(), system_prompt=system_prompt, model=model
+        owner=owner,
+        title=title.strip(),
+        system_prompt=system_prompt,
+        model=model,
+        checkpoint_tools=checkpoint_tools,
     )
+
+
+def conversation_update(*, conversation: Conversation, **changes: Any) -> Conversation:
+    """Change a conversation's settings (title, system prompt, model, tools). The tree and
+    its tip are not settings: they move only through turns, tip moves and rewinds."""
+    allowed = {"title", "system_prompt", "model", "checkpoint_tools"}
+    unknown = set(changes) - allowed
+    if unknown:
+        raise InvalidInput(f"cannot change {sorted(unknown)}")
+    if "title" in changes:
+        changes["title"] = changes["title"].strip()
+    for name, value in changes.items():
+        setattr(conversation, name, value)
+    conversation.save(update_fields=[*changes, "updated_at"])
+    return conversation
 
 
 def conversation_delete(*, conversation: Conversation) -> None:
@@ -137,6 +161,7 @@ def turn_append(
     expected_version: int | None,
     messages: list[Any] | list[DraftMessage],
     origin: str = Origin.TURN,
+    ends_in_rewind: bool = False,
 ) -> TurnResult:
     """Append one whole turn below ``parent_id`` and move the tip to its last message, in
     one transaction. A turn whose tool calls and results do not pair up is rejected with
@@ -150,7 +175,7 @@ def turn_append(
             max_messages=settings.ARBOR_MAX_TURN_MESSAGES,
             max_chars=settings.ARBOR_MAX_PART_CHARS,
         )
-    check_turn_pairing(drafts)
+    check_turn_pairing(drafts, ends_in_rewind=ends_in_rewind)
 
     with transaction.atomic():
         conv = _lock_conversation(conversation, expected_version)

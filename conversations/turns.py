@@ -30,6 +30,7 @@ from conversations.models import (
     AttemptStatus,
     Blob,
     Checkpoint,
+    CheckpointSource,
     CheckpointState,
     Conversation,
     Message,
@@ -44,6 +45,7 @@ from conversations.providers import (
     TextDelta,
     ThinkingDelta,
     ToolCallStarted,
+    ToolSpec,
     make_provider,
     resolve_model,
 )
@@ -184,8 +186,12 @@ def turn_events(
     retry_of: TurnAttempt | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Run one chat turn, yielding events as they happen; the last event is ``done``
-    (with the persisted ids) or ``error``. Bad input raises before anything is written."""
-    user_parts = _clean_input(parts, conversation.owner_id)
+    (with the persisted ids) or ``error``. Bad input raises before anything is written.
+
+    ``parts=None`` continues from ``parent_id`` without a new user message (the retry of
+    a turn that failed after the model rewound: its digest is already the last message).
+    """
+    user_parts = _clean_input(parts, conversation.owner_id) if parts is not None else []
     model_id = model or conversation.model or settings.ARBOR_DEFAULT_MODEL
     spec = _resolve(model_id)
     if parent_id is _AT_TIP:
@@ -211,9 +217,12 @@ def turn_events(
         history, report = transcript_for_model(conversation=conversation, tip_id=parent_id)
         if report.changed:
             yield {"event": "resume", "trimmed": report.trimmed, "repaired": report.repaired}
-        turn: list[dict[str, Any]] = [{"role": "user", "parts": user_parts}]
+        turn: list[dict[str, Any]] = [{"role": "user", "parts": user_parts}] if user_parts else []
         tool_specs = [tool.spec for tool in TOOLS.values()]
+        if conversation.checkpoint_tools:
+            tool_specs += [CHECKPOINT_SPEC, REWIND_SPEC]
         context = ToolContext(conversation=conversation)
+        persisted: list[str] = []
         with make_provider(spec, load_blob=load_blob) as provider:
             for round_number in range(settings.ARBOR_MAX_TOOL_ROUNDS + 1):
                 # The last round offers no tools, so the turn ends on an answer.
@@ -242,22 +251,43 @@ def turn_events(
                 if not reply.tool_calls:
                     break
                 results = []
+                rewind_call: dict[str, Any] | None = None
                 for call in reply.tool_calls:
-                    text, is_error = run_tool(call["name"], call.get("arguments") or {}, context)
-                    results.append(
-                        {
-                            "type": "tool_result",
-                            "call_id": call["id"],
-                            "is_error": is_error,
-                            "parts": [{"type": "text", "text": text}],
-                        }
+                    arguments = call.get("arguments") or {}
+                    if call["name"] == "rewind" and conversation.checkpoint_tools:
+                        if rewind_call is None:
+                            rewind_call = call  # answered below, after the others
+                            continue
+                        text, is_error = "only one rewind per step", True
+                    elif call["name"] == "checkpoint" and conversation.checkpoint_tools:
+                        text, is_error = _model_checkpoint(conversation, parent_id, arguments)
+                    else:
+                        text, is_error = run_tool(call["name"], arguments, context)
+                    results.append(_result(call, text, is_error))
+                    yield _result_event(call, is_error)
+                if rewind_call is not None:
+                    outcome = _model_rewind(
+                        conversation, parent_id, turn, results, rewind_call, attempt
                     )
-                    yield {
-                        "event": "tool_result",
-                        "call_id": call["id"],
-                        "name": call["name"],
-                        "is_error": is_error,
-                    }
+                    yield _result_event(rewind_call, outcome.is_error)
+                    if outcome.digest_id is None:
+                        results.append(_result(rewind_call, outcome.text, True))
+                    else:
+                        # The exploration is persisted on the abandoned branch; the
+                        # model continues from the checkpoint and its digest.
+                        persisted += outcome.persisted
+                        parent_id = outcome.digest_id
+                        history, _ = transcript_for_model(
+                            conversation=conversation, tip_id=parent_id
+                        )
+                        turn = []
+                        yield {
+                            "event": "rewind",
+                            "label": rewind_call["arguments"].get("label"),
+                            "digest_message": str(parent_id),
+                            "abandoned_tip": outcome.persisted[-1],
+                        }
+                        continue
                 turn.append({"role": "tool", "parts": results})
         result = services.turn_append(
             conversation=conversation,
@@ -275,7 +305,7 @@ def turn_events(
             "attempt": str(attempt.pk),
             "tip": str(result.tip),
             "version": result.version,
-            "message_ids": [str(mid) for mid in result.message_ids],
+            "message_ids": persisted + [str(mid) for mid in result.message_ids],
         }
     except (ProviderError, ArborError) as exc:
         body = exc.as_dict()
@@ -297,6 +327,132 @@ def turn_events(
             _attempt_finish(
                 attempt, status=AttemptStatus.FAILED, code="interrupted", text="stream closed"
             )
+
+
+def _result(call: dict[str, Any], text: str, is_error: bool) -> dict[str, Any]:
+    return {
+        "type": "tool_result",
+        "call_id": call["id"],
+        "is_error": is_error,
+        "parts": [{"type": "text", "text": text}],
+    }
+
+
+def _result_event(call: dict[str, Any], is_error: bool) -> dict[str, Any]:
+    return {
+        "event": "tool_result",
+        "call_id": call["id"],
+        "name": call["name"],
+        "is_error": is_error,
+    }
+
+
+# --- the model's own checkpoint and rewind (DESIGN.md invariant 6) ---------------------
+
+CHECKPOINT_SPEC = ToolSpec(
+    "checkpoint",
+    "Label the clean turn boundary where the current turn started, so you can come back "
+    "to it with rewind after exploring. Labels are unique among live checkpoints.",
+    {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]},
+)
+REWIND_SPEC = ToolSpec(
+    "rewind",
+    "Return to a checkpoint, leaving a digest of what you learned while exploring. The "
+    "exploration stays in the conversation's tree but leaves your context; afterwards you "
+    "see everything up to the checkpoint, then your digest.",
+    {
+        "type": "object",
+        "properties": {"label": {"type": "string"}, "digest": {"type": "string"}},
+        "required": ["label", "digest"],
+    },
+)
+
+
+def _model_checkpoint(
+    conversation: Conversation, turn_start: uuid.UUID | None, arguments: dict[str, Any]
+) -> tuple[str, bool]:
+    """Label the boundary where the current turn started: the last persisted tip. It is
+    committed at once, so the label survives a crash later in the turn."""
+    if turn_start is None:
+        return "nothing to label yet: the conversation has no earlier turn", True
+    try:
+        checkpoint = services.checkpoint_create(
+            conversation=conversation,
+            label=arguments.get("label"),  # type: ignore[arg-type]
+            message_id=turn_start,
+            source=CheckpointSource.MODEL,
+        )
+    except ArborError as exc:
+        return f"{exc.code}: {exc.detail}", True
+    return f"checkpoint {checkpoint.label!r} labels message {checkpoint.message_id}", False
+
+
+@dataclass
+class _RewindOutcome:
+    text: str
+    is_error: bool
+    digest_id: uuid.UUID | None = None
+    persisted: list[str] = field(default_factory=list)
+
+
+def _model_rewind(
+    conversation: Conversation,
+    turn_start: uuid.UUID | None,
+    turn: list[dict[str, Any]],
+    results: list[dict[str, Any]],
+    call: dict[str, Any],
+    attempt: TurnAttempt,
+) -> _RewindOutcome:
+    """Persist the turn so far on the branch being abandoned, then rewind to the label
+    and append the digest — one transaction. An unknown or dropped label is a tool
+    error naming the reason, and nothing moves."""
+    arguments = call.get("arguments") or {}
+    label, digest = arguments.get("label"), arguments.get("digest")
+    checkpoint = (
+        Checkpoint.objects.filter(conversation=conversation, label=label)
+        .order_by("-created_at")
+        .first()
+        if isinstance(label, str)
+        else None
+    )
+    if checkpoint is None:
+        return _RewindOutcome(f"unknown_checkpoint: no checkpoint labelled {label!r}", True)
+    live = Checkpoint.objects.filter(
+        conversation=conversation, label=label, state=CheckpointState.LIVE
+    ).exists()
+    if not live:
+        return _RewindOutcome(
+            f"checkpoint_dropped: checkpoint {label!r} was dropped: {checkpoint.reason}", True
+        )
+    if not isinstance(digest, str) or not digest.strip():
+        return _RewindOutcome("bad_digest: give a digest of what you learned", True)
+    answered = [*results, _result(call, f"rewound to checkpoint {label!r}", False)]
+    abandoned = [*turn, {"role": "tool", "parts": answered}]
+    try:
+        with transaction.atomic():
+            written = services.turn_append(
+                conversation=conversation,
+                parent_id=turn_start,
+                expected_version=None,
+                messages=[
+                    DraftMessage(role=m["role"], parts=m["parts"], metadata=m.get("metadata", {}))
+                    for m in abandoned
+                ],
+                ends_in_rewind=True,
+            )
+            rewound = services.rewind(conversation=conversation, label=str(label), digest=digest)
+    except ArborError as exc:
+        return _RewindOutcome(f"{exc.code}: {exc.detail}", True)
+    # A retry of a failure after this point continues from the digest, not from scratch.
+    TurnAttempt.objects.filter(pk=attempt.pk).update(
+        parent_id=rewound.digest_message, input_parts=[]
+    )
+    return _RewindOutcome(
+        "rewound",
+        False,
+        digest_id=rewound.digest_message,
+        persisted=[str(mid) for mid in written.message_ids],
+    )
 
 
 class TurnFailed(ArborError):
@@ -373,7 +529,8 @@ def retry_events(*, user: Any, conversation_id: Any) -> Iterator[dict[str, Any]]
     conversation, failed = retry_target(user=user, conversation_id=conversation_id)
     return turn_events(
         conversation=conversation,
-        parts=failed.input_parts,
+        # Empty input: the failed attempt had already rewound; continue from its digest.
+        parts=failed.input_parts or None,
         parent_id=failed.parent_id,
         model=failed.model,
         retry_of=failed,

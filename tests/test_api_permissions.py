@@ -115,6 +115,9 @@ class Route:
             return client.get(url, headers=headers)
         if self.method == "DELETE":
             return client.delete(url, headers=headers)
+        if self.method == "PATCH":
+            body = self.body(ids) if self.body else {}
+            return client.patch(url, body, content_type=JSON, headers=headers)
         body = self.body(ids) if self.body else {}
         return client.post(url, body, content_type=JSON, headers=headers)
 
@@ -125,6 +128,7 @@ ROUTES = [
     Route("POST", "/conversations", 201, lambda ids: {"title": "new"}, names_owned_ids=False),
     Route("GET", "/conversations", 200, names_owned_ids=False),
     Route("GET", "/conversations/{cid}", 200),
+    Route("PATCH", "/conversations/{cid}", 200, lambda ids: {"title": "renamed"}),
     Route("DELETE", "/conversations/{cid}", 204),
     Route("GET", "/conversations/{cid}/path", 200),
     Route("GET", "/conversations/{cid}/tree", 200),

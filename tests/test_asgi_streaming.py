@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -13,12 +12,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from django.db import connection
 from django.test import TransactionTestCase
 
 from conversations import services
 from conversations.providers.fake import FakeLLMServer, Step
 from tests.builders import make_user, new_conversation
+from tests.fake_models import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,14 +27,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def database_url() -> str:
-    db = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{db['NAME']}"
-    host = db["HOST"] or "127.0.0.1"
-    return f"postgres://{db['USER']}@{host}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
 class AsgiStreamingTests(TransactionTestCase):
@@ -51,9 +42,7 @@ class AsgiStreamingTests(TransactionTestCase):
         conv, _ = new_conversation(user, "hi>hello")
         port = free_port()
         env = dict(
-            os.environ,
-            DATABASE_URL=database_url(),
-            SECRET_KEY="test-only",
+            child_env(),
             ALLOWED_HOSTS="127.0.0.1",
             ARBOR_MODELS=str(models),
             OPENAI_API_KEY="sk-test",

@@ -7,7 +7,6 @@ talks to it through the official SDKs, exactly as it would talk to a real provid
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
 from django.test import Client, TestCase, TransactionTestCase
 
 from conversations import selectors, services
@@ -26,47 +24,17 @@ from conversations.models import Checkpoint, Conversation, Message, TurnAttempt
 from conversations.providers.fake import FakeLLMServer, Step
 from conversations.turns import attempt_is_stale, transcript_for_model
 from tests.builders import make_user, new_conversation, text
+from tests.fake_models import PROTOCOLS, child_env, serve_fake_models
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTOCOLS = ["openai/test", "anthropic/test"]
 # Started (and stopped) by the module fixture below.
 FAKE = FakeLLMServer(context_window=4000)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def fake_provider() -> Iterator[FakeLLMServer]:
-    """One fake server for the module, declared as two models in an ARBOR_MODELS file."""
-    server = FAKE.start()
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
-        json.dump(
-            {
-                "models": {
-                    "openai/test": {
-                        "base_url": server.openai_base_url,
-                        "context_window": 4000,
-                        "max_output": 256,
-                    },
-                    "anthropic/test": {
-                        "base_url": server.anthropic_base_url,
-                        "context_window": 4000,
-                        "max_output": 256,
-                    },
-                }
-            },
-            handle,
-        )
-    saved = {k: os.environ.get(k) for k in ("ARBOR_MODELS", "OPENAI_API_KEY", "ANTHROPIC_API_KEY")}
-    os.environ.update(
-        ARBOR_MODELS=handle.name, OPENAI_API_KEY="sk-test", ANTHROPIC_API_KEY="sk-ant-test"
-    )
-    yield server
-    server.stop()
-    os.unlink(handle.name)
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    with serve_fake_models(FAKE) as server:
+        yield server
 
 
 def sse_events(response: Any) -> list[tuple[str, dict[str, Any]]]:
@@ -309,20 +277,6 @@ class ResumeTrimTests(ChatTestCase):
         assert report.trimmed == [str(result.message_ids[1])]
 
 
-def _child_env() -> dict[str, str]:
-    """The environment for a subprocess that must see this test's database."""
-    db = connection.settings_dict
-    env = dict(os.environ)
-    if connection.vendor == "sqlite":
-        env["DATABASE_URL"] = f"sqlite:///{db['NAME']}"
-    else:
-        env["DATABASE_URL"] = (
-            f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-        )
-    env["SECRET_KEY"] = "test-only"
-    return env
-
-
 class CrashTests(TransactionTestCase):
     """A turn run in a real subprocess and SIGKILLed mid-turn leaves the previous turn."""
 
@@ -340,7 +294,7 @@ class CrashTests(TransactionTestCase):
         return subprocess.Popen(
             [sys.executable, str(ROOT / "tests" / "turn_child.py"), str(self.conv.pk),
              "openai/test", "book the ferry", *extra],
-            env=_child_env(),
+            env=child_env(),
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
