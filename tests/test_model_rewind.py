@@ -205,7 +205,7 @@ class ModelRewindCrashTests(TransactionTestCase):
         )  # fmt: skip
         deadline = time.monotonic() + 60
         while not ready.exists():
-            assert child.poll() is None, child.stderr.read().decode()  # type: ignore[union-attr]
+            assert child.poll() is None, child.stderr.read().decode()
             assert time.monotonic() < deadline, "the child never reached the tool"
             time.sleep(0.05)
         child.send_signal(signal.SIGKILL)
