@@ -23,6 +23,12 @@ class BenchTurnsTests(TransactionTestCase):
         assert figures["overhead"]["transcript_writes"] == 1
         assert figures["overhead"]["median_ms"] > 0
         assert figures["concurrent"]["completed"] == 3, figures["concurrent"]["errors"]
+        rewind = figures["rewind"]
+        assert rewind["tokens_saved"] > 0
+        assert rewind["tokens_saved"] == (
+            rewind["without_rewind"]["next_request_tokens"]
+            - rewind["with_rewind"]["next_request_tokens"]
+        )
         assert set(figures["targets"]) == {
             "overhead_at_most_10ms",
             "one_transcript_transaction_per_turn",

@@ -28,7 +28,7 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from conversations import services, turns
-from conversations.models import Conversation
+from conversations.models import Conversation, Message
 from conversations.providers import Provider, Request, make_provider
 from conversations.providers.fake import FakeLLMServer
 
@@ -60,6 +60,10 @@ class _TimedProvider:
             yield event
 
 
+def turn_run_quiet(conv: Conversation, words: str) -> Any:
+    return turns.turn_run(conversation=conv, parts=[{"type": "text", "text": words}]).tip
+
+
 class Command(BaseCommand):
     help = (
         "Measure chat-turn overhead in Arbor (excluding provider time) and concurrent throughput."
@@ -86,6 +90,7 @@ class Command(BaseCommand):
         try:
             overhead = self._overhead(user, options["turns"], clock)
             concurrent = self._concurrent(user, options["concurrency"])
+            rewind = self._rewind(user, fake)
         finally:
             turns.make_provider = original
             fake.stop()
@@ -96,6 +101,7 @@ class Command(BaseCommand):
             "database": connection.vendor,
             "overhead": overhead,
             "concurrent": concurrent,
+            "rewind": rewind,
             "targets": {
                 "overhead_at_most_10ms": overhead["median_ms"] <= 10,
                 "one_transcript_transaction_per_turn": overhead["transcript_writes"] == 1,
@@ -125,6 +131,44 @@ class Command(BaseCommand):
             "p90_ms": round(sorted(samples)[int(0.9 * (len(samples) - 1))], 3),
             "queries_per_turn": len(last),
             "transcript_writes": len(transcript),
+        }
+
+    def _rewind(self, user: Any, fake: FakeLLMServer) -> dict[str, Any]:
+        """The scripted exploration of issue 7: the model labels its turn's start, reads
+        three long tool results, then either rewinds with a digest or carries on. The
+        figure is the size of the next request in each case (the fake's own token
+        count), and what the rewind costs in queries."""
+        from conversations.providers.fake import Step
+
+        figures: dict[str, Any] = {}
+        for variant in ("without_rewind", "with_rewind"):
+            conv = services.conversation_create(
+                owner=user, title=variant, model="fake/bench", checkpoint_tools=True
+            )
+            document = "A long source file under study. " * 300  # ~10 kB the model reads
+            fake.push(Step.reply("Noted."))
+            answer = turn_run_quiet(conv, document)
+            read = Message.objects.get(pk=answer).parent_id  # the document's message
+            recall = {"name": "recall", "arguments": {"message_id": str(read)}}
+            steps = [Step.tools({"name": "checkpoint", "arguments": {"label": "s"}, "id": "c"})]
+            steps += [Step.tools({**recall, "id": f"r{i}"}) for i in range(3)]
+            if variant == "with_rewind":
+                digest = {"label": "s", "digest": "Read the file 3 times: the bug is on line 4."}
+                steps.append(Step.tools({"name": "rewind", "arguments": digest, "id": "w"}))
+            steps.append(Step.reply("Done."))
+            fake.clear()
+            fake.push(*steps)
+            with CaptureQueriesContext(connection) as ctx:
+                turn_run_quiet(conv, "explore")
+            figures[variant] = {
+                "next_request_tokens": fake.requests[-1].prompt_tokens,
+                "queries": len(ctx.captured_queries),
+            }
+        without, with_ = figures["without_rewind"], figures["with_rewind"]
+        return {
+            **figures,
+            "tokens_saved": without["next_request_tokens"] - with_["next_request_tokens"],
+            "rewind_queries": with_["queries"] - without["queries"],
         }
 
     def _concurrent(self, user: Any, count: int) -> dict[str, Any]:
