@@ -8,6 +8,7 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from conversations.api import router as tree_router
+from conversations.api_imports import router as imports_router
 from conversations.auth import api_auth
 from conversations.errors import ArborError
 
@@ -19,6 +20,7 @@ api = NinjaAPI(
     urls_namespace="api",
 )
 api.add_router("/", tree_router)
+api.add_router("/", imports_router)
 
 
 @api.exception_handler(ArborError)

@@ -25,6 +25,7 @@ from PIL import Image
 
 from conversations import services
 from conversations.api import router
+from conversations.api_imports import router as imports_router
 from conversations.models import (
     ApiToken,
     Blob,
@@ -179,6 +180,25 @@ ROUTES = [
     Route("POST", "/conversations/{cid}/retry", 201, missing="nothing_loaded"),
     Route("POST", "/blobs", 201, upload=True, names_owned_ids=False),
     Route("GET", "/blobs/{sha256}", 200),
+    # conversations/api_imports.py (its own router): an import sent as a raw JSON body,
+    # an Open WebUI chat; the export answers Arbor JSON by default.
+    Route(
+        "POST",
+        "/imports",
+        201,
+        lambda ids: {
+            "title": "imported",
+            "history": {
+                "currentId": "m2",
+                "messages": {
+                    "m1": {"id": "m1", "parentId": None, "role": "user", "content": "hi"},
+                    "m2": {"id": "m2", "parentId": "m1", "role": "assistant", "content": "yo"},
+                },
+            },
+        },
+        names_owned_ids=False,
+    ),
+    Route("GET", "/conversations/{cid}/export", 200),
 ]
 
 
@@ -289,7 +309,8 @@ class RouteTableTests(TestCase):
     def test_the_table_covers_every_route(self) -> None:
         declared = {
             (method, path)
-            for path, view in router.path_operations.items()
+            for each in (router, imports_router)
+            for path, view in each.path_operations.items()
             for operation in view.operations
             for method in operation.methods
         }

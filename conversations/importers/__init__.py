@@ -1,0 +1,113 @@
+"""Import transcripts from other tools (and Arbor's own lossless JSON).
+
+``transcript_import`` is the one entry point: it takes ids and a path (so a Celery task
+can wrap it as it is), reads the file as a stream, and writes each conversation in its
+own transaction: a conversation is imported whole or not at all, and the report lists
+what was imported and every item skipped, repaired or flagged, with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.db import DatabaseError
+
+from conversations.errors import ArborError, InvalidInput
+from conversations.importers import arbor, chatgpt, claude_code, openwebui, pi
+from conversations.importers.base import (
+    FORMATS,
+    ConversationReport,
+    ImportRejected,
+    ImportReport,
+    ImportTooLarge,
+    Limits,
+    SourceConversation,
+)
+from conversations.importers.reading import detect_format
+from conversations.importers.tree import SkipConversation, build
+from conversations.importers.writer import conversation_write
+
+__all__ = [
+    "FORMATS",
+    "ConversationReport",
+    "ImportRejected",
+    "ImportReport",
+    "ImportTooLarge",
+    "Limits",
+    "transcript_import",
+]
+
+Parser = Callable[..., Iterator[SourceConversation]]
+PARSERS: dict[str, Parser] = {
+    "chatgpt": chatgpt.parse,
+    "claude-code": claude_code.parse,
+    "pi": pi.parse,
+    "openwebui": openwebui.parse,
+    "arbor": arbor.parse,
+}
+
+Progress = Callable[[ConversationReport], Any]
+
+
+def transcript_import(
+    *,
+    owner_id: Any,
+    path: str | Path,
+    format: str = "auto",
+    filename: str | None = None,
+    progress: Progress | None = None,
+    limits: Limits | None = None,
+) -> ImportReport:
+    """Import every conversation of one file for one user and report on it.
+
+    Raises ImportRejected (422) when the file cannot be read at all (unknown format, not
+    JSON) and ImportTooLarge (413) when it is over the size limit; everything else —
+    corrupt entries, a conversation over the message limit, repairs — is in the report.
+    """
+    limits = limits or Limits.from_settings()
+    path = Path(path)
+    user_model = get_user_model()
+    try:
+        owner = user_model._default_manager.get(pk=owner_id)
+    except user_model.DoesNotExist:
+        raise InvalidInput(f"no such user: {owner_id}", code="unknown_user") from None
+    size = path.stat().st_size
+    if size > limits.max_file_bytes:
+        raise ImportTooLarge(
+            f"the file is {size} bytes; the import limit is {limits.max_file_bytes}"
+        )
+    if format != "auto" and format not in FORMATS:
+        raise InvalidInput(
+            f"format must be auto or one of {list(FORMATS)}, not {format!r}", code="bad_format"
+        )
+    if size == 0:
+        raise ImportRejected("the file is empty", code="empty_file")
+    fmt = detect_format(path, limits=limits) if format == "auto" else format
+    report = ImportReport(file=filename or path.name, format=fmt)
+    for source in PARSERS[fmt](path, report=report, limits=limits):
+        label = f"conversation {source.source_id or source.title or len(report.conversations)}"
+        if len(report.conversations) >= limits.max_conversations:
+            report.skipped.add(
+                "limit",
+                label,
+                f"a file may hold at most {limits.max_conversations} conversations: "
+                "this one and the rest were not imported",
+            )
+            break
+        try:
+            built = build(source, limits)
+            conversation_write(owner=owner, built=built)
+        except SkipConversation as exc:
+            report.skipped.add("conversation", label, f"not imported: {exc}")
+            continue
+        except (ArborError, DatabaseError) as exc:
+            # The conversation's transaction rolled back: nothing of it was written.
+            report.skipped.add("conversation", label, f"not imported: {exc}")
+            continue
+        report.conversations.append(source.report)
+        if progress is not None:
+            progress(source.report)
+    return report

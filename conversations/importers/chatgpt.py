@@ -1,0 +1,282 @@
+"""ChatGPT ``conversations.json``: a list of conversations (or one), each a ``mapping`` of
+nodes ``{id, message, parent, children}`` with ``current_node`` as the tip.
+
+- ``message: null`` nodes (the root) and hidden empty system nodes are left out; their
+  children move up.
+- Custom instructions (``user_editable_context``) become a hidden system message.
+- An assistant message addressed to a tool (``recipient`` other than ``all``) becomes a
+  tool call whose id is the node id; the ``tool`` messages below it become its results.
+- Images are not inside conversations.json (they are separate files of the export zip):
+  each becomes a text placeholder naming the asset, reported as ``image_missing``.
+- A message carrying ``metadata.arbor`` (a file Arbor exported) is read from those exact
+  parts, so an Arbor → ChatGPT → Arbor trip keeps tool calls, thinking and images.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from conversations.importers.base import (
+    ORIGINS,
+    ConversationReport,
+    FileIssues,
+    ImportReport,
+    Limits,
+    Node,
+    Part,
+    SourceConversation,
+    as_dict,
+    as_str,
+    image_ref_part,
+    json_text,
+    parse_time,
+    text_part,
+    thinking_part,
+    tool_call_part,
+    tool_result_part,
+)
+from conversations.importers.reading import iter_documents
+
+ARBOR_BLOB_PREFIX = "arbor-blob://"
+
+
+def parse(path: Path, *, report: ImportReport, limits: Limits) -> Iterator[SourceConversation]:
+    for index, doc in iter_documents(path, issues=FileIssues(report), limits=limits):
+        conversation = conversation_from(doc, index, report)
+        if conversation is not None:
+            yield conversation
+
+
+def conversation_from(doc: Any, index: int, report: ImportReport) -> SourceConversation | None:
+    if not isinstance(doc, dict):
+        report.skipped.add("corrupt_entry", f"conversation {index}", "not an object: skipped")
+        return None
+    title = as_str(doc.get("title"))
+    source_id = doc.get("conversation_id") or doc.get("id")
+    mapping = doc.get("mapping")
+    if not isinstance(mapping, dict) or not mapping:
+        report.skipped.add(
+            "corrupt_entry",
+            f"conversation {index} ({title or source_id})",
+            "it has no mapping (no messages): skipped",
+        )
+        return None
+    crep = ConversationReport(source_id=str(source_id) if source_id else None, title=title)
+    nodes: list[Node] = []
+    for order, (key, entry) in enumerate(mapping.items()):
+        key = str(key)
+        if not isinstance(entry, dict):
+            crep.skipped.add("corrupt_entry", f"node {key}", "not an object: skipped")
+            continue
+        parent = entry.get("parent")
+        parent_key = str(parent) if isinstance(parent, str | int) else None
+        message = entry.get("message")
+        if not isinstance(message, dict):
+            nodes.append(
+                Node(key, parent_key, "system", [], order=order, skip="no message (a root node)")
+            )
+            continue
+        nodes.append(_node(key, parent_key, message, order, mapping, crep))
+    tip = doc.get("current_node")
+    return SourceConversation(
+        source_id=crep.source_id,
+        title=title,
+        nodes=nodes,
+        report=crep,
+        tip=str(tip) if isinstance(tip, str) and tip else None,
+        tip_rule="current_node",
+        created_at=parse_time(doc.get("create_time")),
+    )
+
+
+def _node(
+    key: str,
+    parent: str | None,
+    message: dict[str, Any],
+    order: int,
+    mapping: dict[str, Any],
+    crep: ConversationReport,
+) -> Node:
+    author = as_dict(message.get("author"))
+    role = as_str(author.get("role"))
+    meta = as_dict(message.get("metadata"))
+    created = parse_time(message.get("create_time"))
+    node = Node(key, parent, role, [], order=order, created_at=created)
+    arbor = meta.get("arbor")
+    if isinstance(arbor, dict) and isinstance(arbor.get("parts"), list):
+        node.parts = [_arbor_part(p, key) for p in arbor["parts"]]
+        metadata = arbor.get("metadata")
+        node.metadata = dict(metadata) if isinstance(metadata, dict) else {}
+        node.metadata.setdefault("source", {"format": "chatgpt", "id": key})
+        if arbor.get("origin") in ORIGINS:
+            node.origin = arbor["origin"]
+        if role not in ("system", "user", "assistant", "tool"):
+            node.skip = f"unknown author role {role!r}"
+        return node
+
+    node.metadata = _metadata(key, message, meta)
+    content = as_dict(message.get("content"))
+    kind = as_str(content.get("content_type")) or "text"
+    if kind == "reasoning_recap":
+        node.skip = "a reasoning recap (shown in the ChatGPT UI only)"
+        return node
+    texts, images, thoughts = _content(content, kind, key, crep)
+    if kind in ("user_editable_context", "model_editable_context"):
+        node.role = "system"
+        node.metadata["hidden"] = True
+        node.metadata["content_type"] = kind
+    if node.role == "system":
+        node.parts = [text_part(t) for t in texts]
+        if not node.parts:
+            node.skip = "an empty system message"
+        return node
+    if node.role == "user":
+        node.parts = [text_part(t) for t in texts] + images
+        return node
+    if node.role == "assistant":
+        recipient = as_str(message.get("recipient"))
+        if recipient and recipient != "all":
+            node.parts = [tool_call_part(key, recipient, "\n".join(texts))]
+            node.metadata["recipient"] = recipient
+        else:
+            node.parts = thoughts + [text_part(t) for t in texts] + images
+        return node
+    if node.role == "tool":
+        call_id = _calling_node(parent, mapping) or key
+        node.metadata["tool_name"] = as_str(author.get("name"))
+        node.parts = [
+            tool_result_part(
+                call_id, [text_part(t) for t in texts] + images, is_error=kind == "system_error"
+            )
+        ]
+        return node
+    node.skip = f"unknown author role {role!r}"
+    return node
+
+
+def _metadata(key: str, message: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"source": {"format": "chatgpt", "id": key}}
+    if isinstance(meta.get("model_slug"), str):
+        out["model"] = meta["model_slug"]
+    finish = meta.get("finish_details")
+    if isinstance(finish, dict) and isinstance(finish.get("type"), str):
+        out["finish_reason"] = finish["type"]
+    status = message.get("status")
+    if isinstance(status, str) and status != "finished_successfully":
+        out["status"] = status
+    if meta.get("is_visually_hidden_from_conversation"):
+        out["hidden"] = True
+    weight = message.get("weight")
+    if isinstance(weight, int | float) and weight != 1:
+        out["weight"] = weight
+    return out
+
+
+def _content(
+    content: dict[str, Any], kind: str, key: str, crep: ConversationReport
+) -> tuple[list[str], list[Part], list[Part]]:
+    texts: list[str] = []
+    images: list[Part] = []
+    thoughts: list[Part] = []
+
+    def item(value: Any) -> None:
+        if isinstance(value, str):
+            if value:
+                texts.append(value)
+            return
+        if not isinstance(value, dict):
+            if value is not None:
+                texts.append(json_text(value))
+            return
+        sub = value.get("content_type")
+        if sub == "image_asset_pointer":
+            pointer = as_str(value.get("asset_pointer"))
+            if pointer.startswith(ARBOR_BLOB_PREFIX):
+                images.append(image_ref_part(pointer[len(ARBOR_BLOB_PREFIX) :], f"node {key}"))
+                return
+            size = f" {value.get('width')}x{value.get('height')}" if value.get("width") else ""
+            texts.append(
+                f"[image {pointer or 'without a pointer'}{size}: not in conversations.json]"
+            )
+            crep.repaired.add(
+                "image_missing",
+                f"node {key}",
+                f"image {pointer} is a separate file of the export: a placeholder was kept",
+            )
+        elif isinstance(value.get("text"), str):
+            if value["text"]:
+                texts.append(value["text"])
+        else:
+            crep.repaired.add(
+                "content_dropped", f"node {key}", f"a {sub or 'non-text'} item was left out"
+            )
+
+    if kind in ("text", "multimodal_text") or "parts" in content:
+        parts = content.get("parts")
+        for value in parts if isinstance(parts, list) else []:
+            item(value)
+    elif kind == "code":
+        item(as_str(content.get("text")))
+    elif kind == "thoughts":
+        for thought in content.get("thoughts") or []:
+            if isinstance(thought, dict):
+                body = "\n".join(
+                    s for s in (as_str(thought.get("summary")), as_str(thought.get("content"))) if s
+                )
+                if body:
+                    thoughts.append(thinking_part(body))
+    elif kind == "user_editable_context":
+        for label, field in (
+            ("User profile", "user_profile"),
+            ("Instructions", "user_instructions"),
+        ):
+            value = as_str(content.get(field)).strip()
+            if value:
+                texts.append(f"{label}:\n{value}")
+        texts = ["\n\n".join(texts)] if texts else []
+    elif kind == "model_editable_context":
+        item(as_str(content.get("model_set_context")))
+    else:
+        for field in ("text", "result", "summary"):
+            if isinstance(content.get(field), str) and content[field]:
+                texts.append(content[field])
+                break
+        else:
+            crep.repaired.add(
+                "content_dropped", f"node {key}", f"content type {kind!r} is not supported"
+            )
+    return texts, images, thoughts
+
+
+def _calling_node(parent: str | None, mapping: dict[str, Any]) -> str | None:
+    """The assistant node addressed to a tool that a tool message answers: the nearest
+    ancestor above any tool messages."""
+    seen = 0
+    while parent is not None and seen < 1000:
+        seen += 1
+        entry = mapping.get(parent)
+        message = entry.get("message") if isinstance(entry, dict) else None
+        if not isinstance(message, dict):
+            return None
+        author = as_dict(message.get("author"))
+        if author.get("role") == "tool":
+            nxt = entry.get("parent") if isinstance(entry, dict) else None
+            parent = str(nxt) if isinstance(nxt, str | int) else None
+            continue
+        recipient = message.get("recipient")
+        if author.get("role") == "assistant" and isinstance(recipient, str) and recipient != "all":
+            return parent
+        return None
+    return None
+
+
+def _arbor_part(part: Any, key: str) -> Any:
+    if isinstance(part, dict) and part.get("type") == "image":
+        return image_ref_part(as_str(part.get("blob")), f"node {key}")
+    if isinstance(part, dict) and part.get("type") == "tool_result":
+        inner = part.get("parts")
+        if isinstance(inner, list):
+            return {**part, "parts": [_arbor_part(p, key) for p in inner]}
+    return part

@@ -1,0 +1,256 @@
+"""Open WebUI chats: one chat (``{history: {messages, currentId}, …}``, or a row
+``{chat: {…}}``) or "export all" (a list of rows).
+
+- ``history.messages`` is a map of ``{id, parentId, role, content, …}``; ``currentId`` is
+  the tip. An old chat with only the flat ``messages`` list is read as a linear chain.
+- An assistant message with Responses-style ``output[]`` items is split the way Arbor
+  stores tool traffic: reasoning → thinking, ``function_call`` → a tool call, its
+  ``function_call_output`` → a tool message, then the answer text as a new assistant
+  message. Without ``output``, ``<details type="reasoning">`` in ``content`` becomes a
+  thinking part and ``<details type="tool_calls">`` with its attributes a call/result
+  pair.
+- Images attached as ``files`` with data: URLs go to the blob store.
+- Text is kept as written: some exports came through an SQL dump and show doubled
+  apostrophes (``you''re``); they are not "fixed", since a real '' cannot be told apart.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from conversations.importers.base import (
+    ConversationReport,
+    FileIssues,
+    ImportReport,
+    Limits,
+    Node,
+    Part,
+    SourceConversation,
+    as_dict,
+    as_str,
+    first_text,
+    json_text,
+    parse_time,
+    preview_text,
+    text_part,
+    thinking_part,
+    tool_call_part,
+    tool_result_part,
+)
+from conversations.importers.media import url_image
+from conversations.importers.reading import iter_documents
+
+FORMAT = "openwebui"
+_DETAILS = re.compile(r"<details\b([^>]*)>(.*?)</details>", re.DOTALL | re.IGNORECASE)
+_SUMMARY = re.compile(r"<summary>.*?</summary>", re.DOTALL | re.IGNORECASE)
+_ATTR = re.compile(r'([\w-]+)="([^"]*)"')
+
+
+def parse(path: Path, *, report: ImportReport, limits: Limits) -> Iterator[SourceConversation]:
+    for index, doc in iter_documents(path, issues=FileIssues(report), limits=limits):
+        conversation = conversation_from(doc, index, report)
+        if conversation is not None:
+            yield conversation
+
+
+def conversation_from(doc: Any, index: int, report: ImportReport) -> SourceConversation | None:
+    if not isinstance(doc, dict):
+        report.skipped.add("corrupt_entry", f"chat {index}", "not an object: skipped")
+        return None
+    chat = doc["chat"] if isinstance(doc.get("chat"), dict) else doc
+    title = as_str(doc.get("title")) or as_str(chat.get("title"))
+    source_id = as_str(doc.get("id")) or as_str(chat.get("id")) or None
+    history = as_dict(chat.get("history"))
+    raw = history.get("messages")
+    tip: str | None = None
+    # (key, message, linear, parent when linear)
+    items: list[tuple[str, Any, bool, str | None]] = []
+    if isinstance(raw, dict) and raw:
+        items = [(str(k), v, False, None) for k, v in raw.items()]
+        current = history.get("currentId")
+        tip = str(current) if isinstance(current, str | int) and current != "" else None
+    elif isinstance(chat.get("messages"), list) and chat["messages"]:
+        previous: str | None = None
+        for i, message in enumerate(chat["messages"]):
+            key = str(message.get("id") or f"m{i}") if isinstance(message, dict) else f"m{i}"
+            items.append((key, message, True, previous))
+            previous = key
+    else:
+        report.skipped.add(
+            "corrupt_entry", f"chat {index} ({title or source_id})", "no messages: skipped"
+        )
+        return None
+    crep = ConversationReport(source_id=source_id, title=title)
+    nodes: list[Node] = []
+    aliases: dict[str, str] = {}
+    for order, (key, message, linear, previous_key) in enumerate(items):
+        if not isinstance(message, dict):
+            crep.skipped.add("corrupt_entry", f"message {key}", "not an object: skipped")
+            continue
+        parent_key = previous_key
+        if not linear:
+            parent = message.get("parentId")
+            parent_key = str(parent) if isinstance(parent, str | int) and parent != "" else None
+        nodes.extend(_nodes(key, parent_key, message, order))
+    created = parse_time(doc.get("created_at")) or parse_time(chat.get("timestamp"))
+    return SourceConversation(
+        source_id=source_id,
+        title=title or preview_text(first_text(nodes)) or "Open WebUI chat",
+        nodes=nodes,
+        report=crep,
+        tip=tip,
+        tip_rule="history.currentId",
+        created_at=created,
+        aliases=aliases,
+    )
+
+
+def _metadata(key: str, message: dict[str, Any]) -> dict[str, Any]:
+    meta: dict[str, Any] = {"source": {"format": FORMAT, "id": key}}
+    for name, field in (("model", "model"), ("model_name", "modelName"), ("usage", "usage")):
+        if message.get(field) is not None:
+            meta[name] = message[field]
+    if message.get("done") is False:
+        meta["status"] = "incomplete"
+    return meta
+
+
+def _nodes(key: str, parent: str | None, message: dict[str, Any], order: int) -> list[Node]:
+    """One source message → one or more Arbor messages (an assistant turn with tool
+    traffic becomes assistant → tool → assistant). The last keeps the source id, so the
+    source's children attach below all of them."""
+    role = as_str(message.get("role"))
+    created = parse_time(message.get("timestamp"))
+    content = as_str(message.get("content"))
+    if role in ("user", "system"):
+        node = Node(key, parent, role, [], order=order, created_at=created)
+        node.metadata = _metadata(key, message)
+        node.parts = [text_part(content)] if content else []
+        if role == "user":
+            node.parts += _files(message.get("files"), node)
+        return [node]
+    if role != "assistant":
+        node = Node(key, parent, "user", [], order=order, created_at=created)
+        node.skip = f"a message with role {role!r} (not supported)"
+        return [node]
+    output = message.get("output")
+    steps = _from_output(output) if isinstance(output, list) and output else _from_content(content)
+    if (
+        isinstance(output, list)
+        and output
+        and not any(
+            p.get("type") == "text" for kind, parts in steps if kind == "assistant" for p in parts
+        )
+    ):
+        rest = _strip_details(content)
+        if rest:
+            steps.append(("assistant", [text_part(rest)]))
+    steps = _merge_steps(steps) or [("assistant", [])]
+    nodes: list[Node] = []
+    for i, (kind, parts) in enumerate(steps):
+        last = i == len(steps) - 1
+        node_key = key if last else f"{key}#{i + 1}"
+        node = Node(
+            node_key,
+            nodes[-1].key if nodes else parent,
+            kind,
+            parts,
+            order=order,
+            created_at=created,
+        )
+        node.metadata = (
+            _metadata(key, message) if last else {"source": {"format": FORMAT, "id": key}}
+        )
+        nodes.append(node)
+    return nodes
+
+
+def _merge_steps(steps: list[tuple[str, list[Part]]]) -> list[tuple[str, list[Part]]]:
+    """Consecutive assistant steps become one message; so do consecutive tool steps."""
+    merged: list[tuple[str, list[Part]]] = []
+    for kind, parts in steps:
+        if not parts:
+            continue
+        if merged and merged[-1][0] == kind:
+            merged[-1][1].extend(parts)
+        else:
+            merged.append((kind, list(parts)))
+    return merged
+
+
+def _output_text(items: Any) -> str:
+    texts = []
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, dict) and isinstance(item.get("text"), str):
+            texts.append(item["text"])
+        elif isinstance(item, str):
+            texts.append(item)
+    return "\n".join(texts)
+
+
+def _from_output(output: list[Any]) -> list[tuple[str, list[Part]]]:
+    steps: list[tuple[str, list[Part]]] = []
+    for item in output:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type")
+        if kind == "reasoning":
+            text = _output_text(item.get("content")) or _output_text(item.get("summary"))
+            if text:
+                steps.append(("assistant", [thinking_part(text)]))
+        elif kind == "message":
+            text = _output_text(item.get("content"))
+            if text:
+                steps.append(("assistant", [text_part(text)]))
+        elif kind == "function_call":
+            call_id = item.get("call_id") or item.get("id")
+            steps.append(
+                ("assistant", [tool_call_part(call_id, item.get("name"), item.get("arguments"))])
+            )
+        elif kind == "function_call_output":
+            out = item.get("output")
+            text = _output_text(out) if isinstance(out, list) else as_str(out) or json_text(out)
+            is_error = item.get("status") not in (None, "completed")
+            steps.append(
+                (
+                    "tool",
+                    [tool_result_part(item.get("call_id"), [text_part(text)], is_error=is_error)],
+                )
+            )
+    return steps
+
+
+def _strip_details(content: str) -> str:
+    return _DETAILS.sub("", content).strip()
+
+
+def _from_content(content: str) -> list[tuple[str, list[Part]]]:
+    steps: list[tuple[str, list[Part]]] = []
+    for match in _DETAILS.finditer(content):
+        attrs = dict(_ATTR.findall(match.group(1)))
+        body = html.unescape(_SUMMARY.sub("", match.group(2))).strip()
+        kind = attrs.get("type")
+        if kind == "reasoning":
+            lines = [ln[2:] if ln.startswith("> ") else ln.lstrip(">") for ln in body.split("\n")]
+            steps.append(("assistant", [thinking_part("\n".join(lines).strip())]))
+        elif kind == "tool_calls" and attrs.get("id") and attrs.get("name"):
+            arguments = html.unescape(attrs.get("arguments", ""))
+            result = html.unescape(attrs.get("result", "")) or body
+            steps.append(("assistant", [tool_call_part(attrs["id"], attrs["name"], arguments)]))
+            steps.append(("tool", [tool_result_part(attrs["id"], [text_part(result)])]))
+    rest = _strip_details(content)
+    if rest:
+        steps.append(("assistant", [text_part(rest)]))
+    return steps
+
+
+def _files(files: Any, node: Node) -> list[Part]:
+    parts: list[Part] = []
+    for item in files if isinstance(files, list) else []:
+        if isinstance(item, dict) and item.get("type") == "image":
+            parts.append(url_image(item.get("url"), node, "attached image"))
+    return parts

@@ -1,0 +1,232 @@
+"""pi coding-agent sessions (``~/.pi/agent/sessions/…/*.jsonl``).
+
+Version 1 is a linear list of entries (each follows the one before); versions 2 and 3
+link entries with ``id``/``parentId`` into a tree. Both are read here, entry by entry.
+
+- ``message`` entries: ``user``, ``assistant`` (text, thinking, toolCall),
+  ``toolResult`` (a tool message; images go to the blob store), ``bashExecution`` (a
+  user message showing the command and its output), ``custom``/``hookMessage``.
+- ``compaction`` entries become compaction markers: a system message holding the summary,
+  with ``metadata.compaction_marker`` {tokens_before, first_kept, …}.
+- ``branch_summary`` becomes a user message (pi sends it to the model as one).
+- ``label`` entries become checkpoints on their target (when it is a turn boundary);
+  ``session_info`` names the conversation; other entries (model or thinking-level
+  changes, extension state) are not messages and are left out, reported.
+- There is no stored current node: the tip is the newest leaf (the leaf written last),
+  which is where pi itself resumes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from conversations.importers.base import (
+    ConversationReport,
+    FileIssues,
+    ImportReport,
+    Limits,
+    Node,
+    Part,
+    SourceCheckpoint,
+    SourceConversation,
+    as_str,
+    first_text,
+    json_text,
+    parse_time,
+    preview_text,
+    text_part,
+    thinking_part,
+    tool_call_part,
+    tool_result_part,
+)
+from conversations.importers.media import b64_image
+from conversations.importers.reading import iter_jsonl
+
+FORMAT = "pi"
+
+
+def parse(path: Path, *, report: ImportReport, limits: Limits) -> Iterator[SourceConversation]:
+    header: dict[str, Any] = {}
+    nodes: list[Node] = []
+    labels: dict[str, str | None] = {}
+    name = ""
+    previous: str | None = None
+    index = 0
+    for lineno, entry in iter_jsonl(path, issues=FileIssues(report), limits=limits):
+        kind = as_str(entry.get("type"))
+        if kind == "session" and not header and not nodes:
+            header = entry
+            continue
+        index += 1
+        entry_id = entry.get("id")
+        if isinstance(entry_id, str) and entry_id:
+            key = entry_id
+            raw_parent = entry.get("parentId")
+            parent = raw_parent if isinstance(raw_parent, str) and raw_parent else None
+        else:  # version 1: linear
+            key = f"entry-{index}"
+            parent = previous
+        node = Node(
+            key, parent, "user", [], order=index, created_at=parse_time(entry.get("timestamp"))
+        )
+        node.metadata = {"source": {"format": FORMAT, "id": key, "line": lineno}}
+        if kind == "message":
+            _message(node, entry.get("message"))
+        elif kind == "compaction":
+            _compaction(node, entry)
+        elif kind == "branch_summary":
+            node.parts = [
+                text_part(f"[Summary of a branch left behind]\n{as_str(entry.get('summary'))}")
+            ]
+            node.metadata["branch_summary"] = {"from_id": entry.get("fromId")}
+        elif kind == "custom_message":
+            node.parts = _user_content(entry.get("content"), node)
+            node.metadata["custom_type"] = as_str(entry.get("customType"))
+        elif kind == "label":
+            target = entry.get("targetId")
+            if isinstance(target, str):
+                label = entry.get("label")
+                labels[target] = label if isinstance(label, str) and label.strip() else None
+            node.skip = "a label entry (kept as a checkpoint on its target)"
+        elif kind == "session_info":
+            name = as_str(entry.get("name")) or name
+            node.skip = "a session_info entry (its name is the title)"
+        else:
+            node.skip = f"a {kind or 'untyped'} entry (not a message)"
+        nodes.append(node)
+        previous = key
+    if not nodes:
+        report.skipped.add("empty", "file", "no entries after the session header")
+        return
+    session_id = as_str(header.get("id")) or None
+    checkpoints = [
+        SourceCheckpoint(label=label, message=target) for target, label in labels.items() if label
+    ]
+    yield SourceConversation(
+        source_id=session_id,
+        title=name or preview_text(first_text(nodes)) or "pi session",
+        nodes=nodes,
+        report=ConversationReport(source_id=session_id),
+        created_at=parse_time(header.get("timestamp")),
+        checkpoints=checkpoints,
+    )
+
+
+def _message(node: Node, message: Any) -> None:
+    if not isinstance(message, dict):
+        node.skip = "a message entry without a message"
+        return
+    role = as_str(message.get("role"))
+    created = parse_time(message.get("timestamp"))
+    node.created_at = node.created_at or created
+    if role == "user":
+        node.parts = _user_content(message.get("content"), node)
+    elif role == "assistant":
+        node.role = "assistant"
+        node.parts = _assistant_content(message.get("content"), node)
+        for key, field in (
+            ("model", "model"),
+            ("provider", "provider"),
+            ("api", "api"),
+            ("stop_reason", "stopReason"),
+            ("usage", "usage"),
+            ("error", "errorMessage"),
+        ):
+            if message.get(field) is not None:
+                node.metadata[key] = message[field]
+        if not node.parts:
+            node.skip = f"an empty assistant message (stopReason {message.get('stopReason')!r})"
+    elif role == "toolResult":
+        node.role = "tool"
+        node.metadata["tool_name"] = as_str(message.get("toolName"))
+        inner = _user_content(message.get("content"), node)
+        node.parts = [
+            tool_result_part(
+                message.get("toolCallId"), inner, is_error=message.get("isError") is True
+            )
+        ]
+    elif role == "bashExecution":
+        command = as_str(message.get("command"))
+        output = as_str(message.get("output"))
+        code = message.get("exitCode")
+        text = f"Ran `{command}`\n```\n{output}\n```"
+        if code not in (None, 0):
+            text += f"\nExit code {code}"
+        if message.get("cancelled"):
+            text += "\n(cancelled)"
+        node.parts = [text_part(text)]
+        node.metadata["bash_execution"] = {
+            "exit_code": code,
+            "cancelled": bool(message.get("cancelled")),
+            "truncated": bool(message.get("truncated")),
+            "exclude_from_context": bool(message.get("excludeFromContext")),
+        }
+    elif role in ("custom", "hookMessage"):
+        node.parts = _user_content(message.get("content"), node)
+        node.metadata["custom_type"] = as_str(message.get("customType"))
+    elif role == "branchSummary":
+        node.parts = [
+            text_part(f"[Summary of a branch left behind]\n{as_str(message.get('summary'))}")
+        ]
+        node.metadata["branch_summary"] = {"from_id": message.get("fromId")}
+    elif role == "compactionSummary":
+        _compaction(node, message)
+    else:
+        node.skip = f"a message with role {role!r} (not supported)"
+
+
+def _compaction(node: Node, entry: dict[str, Any]) -> None:
+    summary = as_str(entry.get("summary"))
+    tokens = entry.get("tokensBefore")
+    first_kept = entry.get("firstKeptEntryId", entry.get("firstKeptEntryIndex"))
+    node.role = "system"
+    head = "[Conversation compacted here"
+    head += f" ({tokens} tokens before)" if tokens is not None else ""
+    node.parts = [text_part(f"{head}. Summary of what came before:]\n\n{summary}")]
+    node.metadata["compaction_marker"] = {
+        "format": FORMAT,
+        "tokens_before": tokens if isinstance(tokens, int) else None,
+        "first_kept": first_kept if isinstance(first_kept, str | int) else None,
+        "summary_included": bool(summary),
+    }
+
+
+def _user_content(content: Any, node: Node) -> list[Part]:
+    if isinstance(content, str):
+        return [text_part(content)] if content else []
+    parts: list[Part] = []
+    for block in content if isinstance(content, list) else []:
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "text":
+            parts.append(text_part(as_str(block.get("text"))))
+        elif kind == "image":
+            parts.append(b64_image(block.get("data"), block.get("mimeType"), node, "image block"))
+        else:
+            parts.append(text_part(json_text(block)))
+    return parts
+
+
+def _assistant_content(content: Any, node: Node) -> list[Part]:
+    if isinstance(content, str):
+        return [text_part(content)] if content else []
+    parts: list[Part] = []
+    for block in content if isinstance(content, list) else []:
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "text":
+            if as_str(block.get("text")):
+                parts.append(text_part(block["text"]))
+        elif kind == "thinking":
+            parts.append(
+                thinking_part(as_str(block.get("thinking")), block.get("thinkingSignature") or None)
+            )
+        elif kind == "toolCall":
+            parts.append(tool_call_part(block.get("id"), block.get("name"), block.get("arguments")))
+        else:
+            node.note("content_dropped", f"a {kind} block left out")
+    return parts
