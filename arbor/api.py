@@ -7,6 +7,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
+from compaction.api import router as compaction_router
 from conversations.api import router as tree_router
 from conversations.api_imports import router as imports_router
 from conversations.auth import api_auth
@@ -21,6 +22,7 @@ api = NinjaAPI(
 )
 api.add_router("/", tree_router)
 api.add_router("/", imports_router)
+api.add_router("/", compaction_router)
 
 
 @api.exception_handler(ArborError)

@@ -30,6 +30,7 @@ class ViewMessage:
     id: Any
     role: str
     parts: list[dict[str, Any]]
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -40,6 +41,10 @@ class ResumeReport:
     @property
     def changed(self) -> bool:
         return bool(self.trimmed or self.repaired)
+
+
+def _metadata(message: MessageLike) -> dict[str, Any]:
+    return dict(getattr(message, "metadata", None) or {})
 
 
 def _calls(message: MessageLike) -> list[str]:
@@ -105,7 +110,9 @@ def resume_view(path: Sequence[MessageLike]) -> tuple[list[ViewMessage], ResumeR
         drop_calls = unanswered.get(i, set())
         drop_results = orphaned.get(i, set())
         if not drop_calls and not drop_results:
-            view.append(ViewMessage(id=message.id, role=message.role, parts=list(message.parts)))
+            view.append(
+                ViewMessage(message.id, message.role, list(message.parts), _metadata(message))
+            )
             continue
         parts = [
             p
@@ -118,5 +125,5 @@ def resume_view(path: Sequence[MessageLike]) -> tuple[list[ViewMessage], ResumeR
         for cid in sorted(drop_results):
             report.repaired.append({"message": str(message.id), "left_out": f"tool result {cid}"})
         if parts:
-            view.append(ViewMessage(id=message.id, role=message.role, parts=parts))
+            view.append(ViewMessage(message.id, message.role, parts, _metadata(message)))
     return view, report

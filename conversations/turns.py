@@ -24,6 +24,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from compaction import services as compaction
+from compaction.ladder import ContextView
+from compaction.models import RecordStatus, Trigger
 from conversations import selectors, services
 from conversations.errors import ArborError, Conflict, InvalidInput, NotFound
 from conversations.models import (
@@ -38,6 +41,7 @@ from conversations.models import (
 )
 from conversations.parts import DraftMessage, clean_messages
 from conversations.providers import (
+    ContextOverflow,
     Done,
     ModelSpec,
     ProviderError,
@@ -97,7 +101,9 @@ def transcript_for_model(
                 reason=f"its message {checkpoint.message_id} was trimmed on resume: the "
                 "transcript ended between a tool call and its result",
             )
-    return [{"role": m.role, "parts": m.parts} for m in view], report
+    return [
+        {"id": str(m.id), "role": m.role, "parts": m.parts, "metadata": m.metadata} for m in view
+    ], report
 
 
 def load_blob(sha256: str) -> bytes:
@@ -214,36 +220,60 @@ def turn_events(
     yield {"event": "attempt", "attempt": str(attempt.pk), "model": spec.id, "notice": spec.notice}
     finished = False
     try:
-        history, report = transcript_for_model(conversation=conversation, tip_id=parent_id)
+        context = compaction.context_build(
+            conversation=conversation, spec=spec, tip_id=parent_id, trigger=Trigger.PROACTIVE
+        )
+        history, report = context.messages, context.resume
         if report.changed:
             yield {"event": "resume", "trimmed": report.trimmed, "repaired": report.repaired}
+        if context.record is not None:
+            yield _context_event(context)
         turn: list[dict[str, Any]] = [{"role": "user", "parts": user_parts}] if user_parts else []
         tool_specs = [tool.spec for tool in TOOLS.values()]
         if conversation.checkpoint_tools:
             tool_specs += [CHECKPOINT_SPEC, REWIND_SPEC]
-        context = ToolContext(conversation=conversation)
+        tool_context = ToolContext(conversation=conversation)
         persisted: list[str] = []
+        sent_from = 0  # turn messages before this index are inside ``history`` already
+        measured_record = context.record if context.record and context.reused else None
         with make_provider(spec, load_blob=load_blob) as provider:
             for round_number in range(settings.ARBOR_MAX_TOOL_ROUNDS + 1):
                 # The last round offers no tools, so the turn ends on an answer.
                 last_round = round_number == settings.ARBOR_MAX_TOOL_ROUNDS
-                request = Request(
-                    messages=history + turn,
-                    system=conversation.system_prompt,
-                    tools=() if last_round else tool_specs,
-                )
+                tools = () if last_round else tool_specs
                 reply = None
-                for event in provider.stream(request):
-                    _heartbeat(attempt)
-                    if isinstance(event, TextDelta):
-                        yield {"event": "delta", "text": event.text}
-                    elif isinstance(event, ThinkingDelta):
-                        yield {"event": "thinking", "text": event.text}
-                    elif isinstance(event, ToolCallStarted):
-                        yield {"event": "tool_call", "id": event.id, "name": event.name}
-                    elif isinstance(event, Done):
-                        reply = event.reply
+                for retry in (False, True):
+                    request = Request(
+                        messages=history + turn[sent_from:],
+                        system=conversation.system_prompt,
+                        tools=tools,
+                    )
+                    try:
+                        for event in provider.stream(request):
+                            _heartbeat(attempt)
+                            if isinstance(event, TextDelta):
+                                yield {"event": "delta", "text": event.text}
+                            elif isinstance(event, ThinkingDelta):
+                                yield {"event": "thinking", "text": event.text}
+                            elif isinstance(event, ToolCallStarted):
+                                yield {"event": "tool_call", "id": event.id, "name": event.name}
+                            elif isinstance(event, Done):
+                                reply = event.reply
+                        break
+                    except ContextOverflow as overflow:
+                        if retry:
+                            raise  # compacted once already: fail the turn, say why
+                        # Reactive compaction: the provider counted more than we did.
+                        # Recalibrate, compact below its limit, and retry once; the
+                        # rejected payload is never sent again unchanged.
+                        history = _compact_after_overflow(
+                            conversation, spec, parent_id, history, turn[sent_from:], overflow
+                        )
+                        sent_from = len(turn)
+                        yield {"event": "compacted", "trigger": "reactive"}
                 assert reply is not None  # stream() raises rather than end without Done
+                _learn(conversation, spec, request, reply, measured_record)
+                measured_record = None
                 message = reply.message()
                 if not message["parts"]:
                     message["parts"] = [{"type": "text", "text": ""}]
@@ -262,7 +292,7 @@ def turn_events(
                     elif call["name"] == "checkpoint" and conversation.checkpoint_tools:
                         text, is_error = _model_checkpoint(conversation, parent_id, arguments)
                     else:
-                        text, is_error = run_tool(call["name"], arguments, context)
+                        text, is_error = run_tool(call["name"], arguments, tool_context)
                     results.append(_result(call, text, is_error))
                     yield _result_event(call, is_error)
                 if rewind_call is not None:
@@ -277,10 +307,11 @@ def turn_events(
                         # model continues from the checkpoint and its digest.
                         persisted += outcome.persisted
                         parent_id = outcome.digest_id
-                        history, _ = transcript_for_model(
-                            conversation=conversation, tip_id=parent_id
-                        )
+                        history = compaction.context_build(
+                            conversation=conversation, spec=spec, tip_id=parent_id
+                        ).messages
                         turn = []
+                        sent_from = 0
                         yield {
                             "event": "rewind",
                             "label": rewind_call["arguments"].get("label"),
@@ -300,6 +331,7 @@ def turn_events(
         )
         _attempt_finish(attempt, status=AttemptStatus.COMPLETED, tip=result.tip)
         finished = True
+        _maybe_enqueue_compaction(conversation, spec, history + turn[sent_from:], result.tip)
         yield {
             "event": "done",
             "attempt": str(attempt.pk),
@@ -327,6 +359,94 @@ def turn_events(
             _attempt_finish(
                 attempt, status=AttemptStatus.FAILED, code="interrupted", text="stream closed"
             )
+
+
+def _context_event(context: compaction.ContextResult) -> dict[str, Any]:
+    record = context.record
+    return {
+        "event": "context",
+        "record": str(record.pk) if record else None,
+        "reused": context.reused,
+        "estimate": context.estimate,
+        "budget": context.budget,
+        "rungs": [r["rung"] for r in (record.rungs if record else [])],
+    }
+
+
+def _compact_after_overflow(
+    conversation: Conversation,
+    spec: ModelSpec,
+    anchor: uuid.UUID | None,
+    history: list[dict[str, Any]],
+    pending: list[dict[str, Any]],
+    overflow: ContextOverflow,
+) -> list[dict[str, Any]]:
+    messages = history + [{**m, "id": f"{compaction.PENDING}{i}"} for i, m in enumerate(pending)]
+    raw, _, _ = compaction.estimate_request(conversation=conversation, spec=spec, messages=messages)
+    calibration = compaction.calibration_overflow(
+        model_id=spec.id,
+        raw_estimate=raw,
+        measured=overflow.measured_tokens,
+        limit=overflow.limit,
+    )
+    view = ContextView.build(
+        messages,
+        budget_tokens=compaction.model_budget(spec, overflow.limit),
+        model=compaction.model_info(spec, overflow.limit),
+        calibration=calibration,
+        system=conversation.system_prompt,
+    )
+    if anchor is None:
+        raise overflow  # nothing persisted to compact: the new message alone is too big
+    record, compacted = compaction.compaction_run(
+        conversation=conversation,
+        spec=spec,
+        view=view,
+        anchor_id=anchor,
+        trigger=Trigger.REACTIVE,
+        summarize=compaction.Summarizer(spec),
+        overflow=(overflow.measured_tokens, overflow.limit),
+    )
+    if record.status != RecordStatus.READY:
+        raise overflow
+    return compacted
+
+
+def _learn(
+    conversation: Conversation,
+    spec: ModelSpec,
+    request: Request,
+    reply: Any,
+    record: Any,
+) -> None:
+    """Calibrate the estimator from the provider's measured input tokens."""
+    if reply.usage is None or not reply.usage.input_tokens:
+        return
+    raw, _, _ = compaction.estimate_request(
+        conversation=conversation, spec=spec, messages=list(request.messages)
+    )
+    compaction.calibration_observe(
+        model_id=spec.id, raw_estimate=raw, measured=reply.usage.input_tokens
+    )
+    if record is not None:
+        compaction.record_measured(record=record, input_tokens=reply.usage.input_tokens)
+
+
+def _maybe_enqueue_compaction(
+    conversation: Conversation,
+    spec: ModelSpec,
+    messages: list[dict[str, Any]],
+    tip: uuid.UUID,
+) -> None:
+    """Proactive compaction: when the next request would cross the threshold, build
+    its compacted context in a job (a Celery worker, or in-process without a broker)."""
+    _, estimate, budget = compaction.estimate_request(
+        conversation=conversation, spec=spec, messages=messages
+    )
+    if estimate > budget:
+        compaction.job_enqueue(
+            conversation=conversation, anchor_id=tip, model_id=spec.id, trigger=Trigger.PROACTIVE
+        )
 
 
 def _result(call: dict[str, Any], text: str, is_error: bool) -> dict[str, Any]:

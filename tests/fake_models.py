@@ -21,7 +21,10 @@ PROTOCOLS = ["openai/test", "anthropic/test"]
 
 
 @contextmanager
-def serve_fake_models(server: FakeLLMServer, *, window: int = 4000) -> Iterator[FakeLLMServer]:
+def serve_fake_models(
+    server: FakeLLMServer, *, window: int = 4000, extra: dict[str, dict[str, object]] | None = None
+) -> Iterator[FakeLLMServer]:
+    """``extra`` declares more models (``base_url`` defaults to the fake's OpenAI URL)."""
     server.start()
     entry = {"context_window": window, "max_output": 256}
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
@@ -30,6 +33,16 @@ def serve_fake_models(server: FakeLLMServer, *, window: int = 4000) -> Iterator[
                 "models": {
                     "openai/test": {"base_url": server.openai_base_url, **entry},
                     "anthropic/test": {"base_url": server.anthropic_base_url, **entry},
+                    **{
+                        name: {"base_url": server.openai_base_url, **entry, **spec}
+                        for name, spec in (extra or {}).items()
+                    },
+                    # A model that cannot read images: the snapshot rung is skipped.
+                    "openai/textonly": {
+                        "base_url": server.openai_base_url,
+                        **entry,
+                        "vision": False,
+                    },
                 }
             },
             handle,

@@ -23,6 +23,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client, TestCase, override_settings
 from PIL import Image
 
+from compaction.api import router as compaction_router
 from conversations import services
 from conversations.api import router
 from conversations.api_imports import router as imports_router
@@ -133,6 +134,7 @@ ROUTES = [
     Route("DELETE", "/conversations/{cid}", 204),
     Route("GET", "/conversations/{cid}/path", 200),
     Route("GET", "/conversations/{cid}/tree", 200),
+    Route("GET", "/conversations/{cid}/context", 200),
     Route("GET", "/messages/{mid}", 200),
     Route(
         "POST",
@@ -309,7 +311,7 @@ class RouteTableTests(TestCase):
     def test_the_table_covers_every_route(self) -> None:
         declared = {
             (method, path)
-            for each in (router, imports_router)
+            for each in (router, imports_router, compaction_router)
             for path, view in each.path_operations.items()
             for operation in view.operations
             for method in operation.methods

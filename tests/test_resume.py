@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
+from django.test import TestCase
 
+from conversations.importers import transcript_import
+from conversations.models import Conversation, Message
 from conversations.resume import resume_view
+from conversations.turns import transcript_for_model
+from tests.builders import make_user
 
 
 @dataclass
@@ -78,3 +84,33 @@ def test_unpaired_traffic_in_the_middle_is_left_out_not_trimmed() -> None:
     assert {r["left_out"] for r in report.repaired} == {"tool call c1", "tool result ghost"}
     # The input is not modified.
     assert len(path[1].parts) == 2
+
+
+SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
+
+
+class PiSampleResumeTests(TestCase):
+    """The real pi session: aborted assistant messages hold tool calls that never got a
+    result. A model request built from it must hold none of them."""
+
+    def test_the_aborted_calls_are_left_out_of_what_a_model_is_sent(self) -> None:
+        user = make_user()
+        report = transcript_import(
+            owner_id=user.pk, path=SAMPLES / "pi" / "pi-mono__compact.jsonl", format="pi"
+        )
+        conversation = Conversation.objects.get(pk=report.conversation_ids[0])
+        flagged = [
+            m for m in Message.objects.filter(conversation=conversation)
+            if m.metadata.get("unpaired_tool_calls")
+        ]  # fmt: skip
+        assert len(flagged) == 3  # SOURCES.md: 3 tool calls have no result
+        messages, resume = transcript_for_model(
+            conversation=conversation, tip_id=conversation.tip_id
+        )
+        left_out = {r["left_out"] for r in resume.repaired}
+        assert len(left_out) == 3 and all(x.startswith("tool call ") for x in left_out)
+        calls = {p["id"] for m in messages for p in m["parts"] if p["type"] == "tool_call"}
+        results = {p["call_id"] for m in messages for p in m["parts"] if p["type"] == "tool_result"}
+        assert calls == results  # every call answered, every result called
+        # Nothing was removed from the tree itself.
+        assert all(len(m.parts) == len(Message.objects.get(pk=m.pk).parts) for m in flagged)

@@ -1,0 +1,89 @@
+"""The provider-ready context: what an agent harness calls to resume a conversation."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.http import HttpRequest
+from ninja import Field, Query, Router, Schema
+
+from compaction import services
+from conversations import selectors
+from conversations.errors import InvalidInput, NotFound
+from conversations.models import Message
+from conversations.providers import resolve_model, to_anthropic, to_openai
+from conversations.turns import load_blob
+
+router = Router(tags=["compaction"])
+
+
+class ContextQuery(Schema):
+    model: str = Field("", max_length=200)
+    tip: str | None = None
+    budget: int | None = Field(None, ge=1, le=10_000_000)
+    summary: bool = True
+
+
+@router.get("/conversations/{cid}/context")
+def get_context(request: HttpRequest, cid: str, query: Query[ContextQuery]) -> Any:
+    """The request Arbor would send for the path to ``tip`` (default: the current tip)
+    after the compaction ladder, in the provider's own format (images inline as
+    base64), with a report naming each rung applied. ``budget`` defaults to the model's
+    threshold, using any smaller window the provider reported in an overflow error."""
+    user = request.auth  # type: ignore[attr-defined]
+    conversation = selectors.conversation_get(user=user, conversation_id=cid)
+    try:
+        spec = resolve_model(query.model or conversation.model or _default_model())
+    except ValueError as exc:
+        raise InvalidInput(str(exc), code="bad_model") from None
+    tip_id = conversation.tip_id
+    if query.tip is not None:
+        try:
+            tip_id = uuid.UUID(query.tip)
+        except ValueError:
+            raise NotFound(f"no such message: {query.tip!r}") from None
+        if not Message.objects.filter(pk=tip_id, conversation=conversation).exists():
+            raise NotFound(f"no such message in this conversation: {tip_id}")
+    context = services.context_build(
+        conversation=conversation,
+        spec=spec,
+        tip_id=tip_id,
+        budget=query.budget,
+        allow_summary=query.summary,
+    )
+    if spec.provider == "anthropic":
+        payload = to_anthropic(
+            context.messages, system=conversation.system_prompt, load_blob=load_blob
+        )
+        provider_request: dict[str, Any] = {
+            "model": spec.model,
+            "system": payload.system,
+            "messages": payload.messages,
+        }
+    else:
+        openai = to_openai(context.messages, system=conversation.system_prompt, load_blob=load_blob)
+        provider_request = {"model": spec.model, "messages": openai.messages}
+    record = context.record
+    return {
+        "model": spec.id,
+        "provider": spec.provider,
+        "notice": spec.notice,
+        "tip": str(tip_id) if tip_id else None,
+        "budget": context.budget,
+        "estimate": context.estimate,
+        "fits": context.fits,
+        "record": str(record.pk) if record else None,
+        "record_status": record.status if record else None,
+        "reused": context.reused,
+        "rungs": record.rungs if record and not context.reused else [],
+        "trimmed": context.resume.trimmed,
+        "repaired": context.resume.repaired,
+        "request": provider_request,
+    }
+
+
+def _default_model() -> str:
+    from django.conf import settings
+
+    return str(settings.ARBOR_DEFAULT_MODEL)

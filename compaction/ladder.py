@@ -1,0 +1,1065 @@
+"""The compaction ladder: what the model sees when a conversation outgrows its window.
+
+Pure Python over a :class:`ContextView` (messages + budget + model + calibration); no
+Django, no database, no network. Each rung returns a NEW view and a :class:`RungReport`;
+the messages given in are never mutated (DESIGN.md invariant 8) and every placeholder,
+page and summary names the ids of the originals it stands for.
+
+Rungs, cheapest first (invariant 9):
+
+1. ``elide``: tool results older than the last K turns that are *uneventful* become
+   ``[elided tool result <message id>: N chars]`` (inside the same tool_result part, so
+   the call/result pairing stays valid). A result is eventful, and kept, when it is an
+   error, or when later narration (the text of a later user or assistant message)
+   mentions its call id, its message id, or one of its *distinctive tokens*: a path
+   (``a/b``), a file name with an extension (``sdk.js``, also the base name of a path),
+   or an id/hash mixing letters and digits (8+ characters), that does not already appear
+   in the call's own arguments (asking to read ``x.py`` and later talking about ``x.py``
+   does not make the file's contents needed; a grep revealing ``y.py`` which is then
+   discussed does). Results shorter than their placeholder are left alone. Narration is
+   never touched.
+2. ``strip_images``: images older than the last K turns become
+   ``[image <sha256> WxH removed]``.
+3. ``snapshot``: head = leading system messages + the first user turn (or, when that turn
+   alone exceeds the head budget, just up to the first user message: the task), tail =
+   the newest turns that fit the tail budget, middle = pages drawn by an injected
+   ``render`` callable from the archived original text of the middle (a result the
+   elision rung judged uneventful is drawn as its placeholder). Skipped for models
+   without vision.
+4. ``summarize_middle``: one model call over the middle through an injected
+   ``summarize`` callable, chunked (and merged) so that no request's calibrated
+   estimate plus its reserved output exceeds the window less the margin (invariant 11).
+
+Turns start at each user message (the first turn also holds any leading system
+messages). The view is only ever cut at a *safe boundary*: a point with no tool call
+whose result comes after it. When even the last turn is over the tail budget (one long
+agent turn), the tail is cut at a safe boundary inside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any, Protocol
+
+from compaction.estimate import (
+    MESSAGE_OVERHEAD,
+    REQUEST_OVERHEAD,
+    Calibration,
+    Limits,
+    LimitViolation,
+    Message,
+    as_message,
+    check_limits,
+    compact_json,
+    count_text_tokens,
+    margin_tokens,
+    message_tokens,
+    request_tokens,
+    text_tokens,
+)
+
+DEFAULT_K_TURNS = 3
+# How many model steps a turn is worth when counting recency inside long agent turns.
+STEPS_PER_TURN = 4
+# Default head and tail budgets, as shares of the view's budget.
+HEAD_SHARE = 0.25
+TAIL_SHARE = 0.25
+# A summary's reserved output: at most this, the model's max output or 1/8 of the window.
+SUMMARY_MAX_TOKENS = 4096
+
+Part = dict[str, Any]
+
+
+# --- what the ladder is told about the model and the renderer ---------------------------
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    context_window: int
+    max_output: int
+    vision: bool
+    image_billing: str = "claude"
+
+    @classmethod
+    def from_spec(cls, spec: Any) -> ModelInfo:
+        """From anything with the registry's ModelSpec attributes."""
+        return cls(
+            context_window=int(spec.context_window),
+            max_output=int(spec.max_output),
+            vision=bool(spec.vision),
+            image_billing=str(spec.image_billing),
+        )
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One message's text, as the snapshot renderer takes it."""
+
+    role: str
+    message_id: str
+    text: str
+
+
+class PageLike(Protocol):
+    @property
+    def png(self) -> bytes: ...
+    @property
+    def width(self) -> int: ...
+    @property
+    def height(self) -> int: ...
+    @property
+    def billed_tokens(self) -> int: ...
+    @property
+    def chars(self) -> int: ...
+    @property
+    def first_message_id(self) -> str: ...
+    @property
+    def last_message_id(self) -> str: ...
+
+
+class RenderResultLike(Protocol):
+    @property
+    def pages(self) -> Sequence[PageLike]: ...
+    @property
+    def missing_glyphs(self) -> int: ...
+    @property
+    def substituted(self) -> int: ...
+    @property
+    def settings(self) -> Mapping[str, Any]: ...
+
+
+# compaction.render.render_pages(segments, *, rule, density="default", max_pages=None)
+RenderFn = Callable[..., RenderResultLike]
+# Takes Arbor messages (a leading system message holds the instructions), returns text.
+SummarizeFn = Callable[[list[Message]], str]
+
+
+class CompactionError(Exception):
+    """The ladder cannot produce a request that fits (or would resend a rejected one)."""
+
+    def __init__(self, message: str, *, result: LadderResult | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+# --- the view ----------------------------------------------------------------------------
+
+
+def _is_normal(message: Any) -> bool:
+    return (
+        isinstance(message, dict)
+        and message.keys() == {"id", "role", "parts", "metadata"}
+        and isinstance(message["id"], str)
+    )
+
+
+def _tool_calls(message: Message) -> Iterable[str]:
+    return (p["id"] for p in message["parts"] if p.get("type") == "tool_call")
+
+
+def _tool_results(message: Message) -> Iterable[str]:
+    return (p["call_id"] for p in message["parts"] if p.get("type") == "tool_result")
+
+
+@dataclass(frozen=True)
+class ContextView:
+    """What the model will see: messages (Arbor dicts or objects with ``id``, ``role``,
+    ``parts``, ``metadata``) plus the token budget they must fit. Immutable; ``source``
+    keeps the original messages so every rung can start from, and point back to, them.
+    """
+
+    messages: tuple[Message, ...]
+    budget_tokens: int
+    model: ModelInfo
+    calibration: Calibration = field(default_factory=Calibration)
+    limits: Limits = field(default_factory=Limits)
+    system: str = ""
+    tools: tuple[Mapping[str, Any], ...] = ()
+    blob_sizes: Mapping[str, int] = field(default_factory=dict)
+    source: tuple[Message, ...] = ()
+
+    @classmethod
+    def build(
+        cls, messages: Iterable[Any], *, budget_tokens: int, model: ModelInfo, **options: Any
+    ) -> ContextView:
+        """A view of any messages: Arbor dicts, Message rows, resume's ViewMessages."""
+        return cls(tuple(as_message(m) for m in messages), budget_tokens, model, **options)
+
+    def __post_init__(self) -> None:
+        # Normalised once: plain dicts sharing the callers' part lists (never mutated).
+        messages = tuple(m if _is_normal(m) else as_message(m) for m in self.messages)
+        object.__setattr__(self, "messages", messages)
+        source = tuple(m if _is_normal(m) else as_message(m) for m in self.source)
+        object.__setattr__(self, "source", source or messages)
+        object.__setattr__(self, "tools", tuple(self.tools))
+
+    # -- sizes --
+
+    @property
+    def rule(self) -> str:
+        return self.model.image_billing
+
+    @cached_property
+    def message_raw(self) -> tuple[int, ...]:
+        """Raw token estimate of each message."""
+        return tuple(message_tokens(m, rule=self.rule) for m in self.messages)
+
+    @cached_property
+    def raw_tokens(self) -> int:
+        """Raw estimate of the whole request (compare this with measured usage)."""
+        fixed = request_tokens((), rule=self.rule, system=self.system, tools=self.tools)
+        return fixed + sum(self.message_raw)
+
+    def estimate(self) -> int:
+        """Calibrated estimate of the whole request, in provider tokens."""
+        return self.calibration.apply(self.raw_tokens)
+
+    def estimate_messages(self, messages: Iterable[Message]) -> int:
+        """Calibrated estimate of some messages alone (no request overhead)."""
+        return self.calibration.apply(sum(message_tokens(m, rule=self.rule) for m in messages))
+
+    @cached_property
+    def violations(self) -> tuple[LimitViolation, ...]:
+        return tuple(
+            check_limits(
+                self.messages,
+                self.limits,
+                blob_sizes=self.blob_sizes,
+                system=self.system,
+                tools=self.tools,
+            )
+        )
+
+    def fits(self) -> bool:
+        return self.estimate() <= self.budget_tokens and not self.violations
+
+    # -- structure --
+
+    @cached_property
+    def safe(self) -> tuple[bool, ...]:
+        """``safe[i]``: the view may be cut before message ``i`` (``i`` in 0..n) without
+        separating a tool call from its result. Calls that never get a result in the
+        view (an aborted step) do not block cutting."""
+        answered = {cid for m in self.messages for cid in _tool_results(m)}
+        pending: set[str] = set()
+        safe = [True]
+        for message in self.messages:
+            pending.update(c for c in _tool_calls(message) if c in answered)
+            pending.difference_update(_tool_results(message))
+            safe.append(not pending)
+        return tuple(safe)
+
+    @cached_property
+    def turn_starts(self) -> tuple[int, ...]:
+        """Index of each turn's first message: 0, then every user message at a safe
+        boundary that has something other than system messages before it."""
+        starts = [0] if self.messages else []
+        seen_non_system = False
+        for i, message in enumerate(self.messages):
+            if i and message["role"] == "user" and self.safe[i] and seen_non_system:
+                starts.append(i)
+            seen_non_system = seen_non_system or message["role"] != "system"
+        return tuple(starts)
+
+    def turns(self) -> list[tuple[int, int]]:
+        """``(start, end)`` index ranges of the turns, oldest first."""
+        ends = [*self.turn_starts[1:], len(self.messages)]
+        return list(zip(self.turn_starts, ends, strict=True))
+
+    @cached_property
+    def step_starts(self) -> tuple[int, ...]:
+        """Index of each model step's first message: every turn start, and every
+        assistant message at a safe boundary (a step = an assistant message and the
+        tool results it waits for)."""
+        turn_starts = set(self.turn_starts)
+        return tuple(
+            i
+            for i, m in enumerate(self.messages)
+            if i in turn_starts or (m["role"] == "assistant" and self.safe[i])
+        )
+
+    def recent_start(self, k_turns: int) -> int:
+        """Index of the first message of the "last K turns": the last ``k_turns`` turns,
+        but no more than the last ``STEPS_PER_TURN * k_turns`` model steps, so that one
+        long agent turn (a user message followed by a hundred tool calls) does not keep
+        all of its old tool results and images."""
+        if k_turns <= 0:
+            return len(self.messages)
+        turns, steps = self.turn_starts, self.step_starts
+        by_turn = turns[-k_turns] if len(turns) > k_turns else 0
+        k_steps = STEPS_PER_TURN * k_turns
+        by_step = steps[-k_steps] if len(steps) > k_steps else 0
+        return max(by_turn, by_step)
+
+    @cached_property
+    def turn_of(self) -> tuple[int, ...]:
+        """The turn number of each message."""
+        out: list[int] = []
+        starts = self.turn_starts
+        turn = 0
+        for i in range(len(self.messages)):
+            while turn + 1 < len(starts) and i >= starts[turn + 1]:
+                turn += 1
+            out.append(turn)
+        return tuple(out)
+
+    @cached_property
+    def source_by_id(self) -> dict[str, Message]:
+        return {m["id"]: m for m in self.source}
+
+    def with_messages(self, messages: Iterable[Message]) -> ContextView:
+        return replace(self, messages=tuple(messages))
+
+    def reset(self) -> ContextView:
+        """The view of the original messages, before any rung."""
+        return replace(self, messages=self.source)
+
+
+def estimate_view(view: ContextView) -> int:
+    """Calibrated token estimate of a view's request."""
+    return view.estimate()
+
+
+# --- reports -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """One thing a rung replaced: the original message's id, what kind of thing, and the
+    placeholder (or page range / summary id) that stands for it now."""
+
+    message_id: str
+    kind: str  # "tool_result", "image", "message"
+    replaced_with: str
+
+
+@dataclass(frozen=True)
+class RungReport:
+    rung: str
+    tokens_before: int
+    tokens_after: int
+    replaced: tuple[Replacement, ...] = ()
+    model_calls: int = 0
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def saved(self) -> int:
+        return self.tokens_before - self.tokens_after
+
+    @property
+    def applied(self) -> bool:
+        return bool(self.replaced)
+
+
+@dataclass(frozen=True)
+class LadderResult:
+    view: ContextView
+    reports: tuple[RungReport, ...]
+    fits: bool
+
+    @property
+    def model_calls(self) -> int:
+        return sum(r.model_calls for r in self.reports)
+
+    @property
+    def rungs(self) -> list[str]:
+        return [r.rung for r in self.reports]
+
+
+def _report(
+    rung: str,
+    before: ContextView,
+    after: ContextView,
+    replaced: Iterable[Replacement] = (),
+    **details: Any,
+) -> RungReport:
+    calls = int(details.pop("model_calls", 0))
+    return RungReport(
+        rung=rung,
+        tokens_before=before.estimate(),
+        tokens_after=after.estimate(),
+        replaced=tuple(replaced),
+        model_calls=calls,
+        details=details,
+    )
+
+
+# --- rung 1: elision ----------------------------------------------------------------------
+
+_WORD_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./@#-]*[A-Za-z0-9_]")
+# File names need a known extension: ``entries.length`` or ``Date.now`` are code.
+_EXTENSIONS = (
+    "c|cc|cfg|cjs|cpp|css|csv|env|go|gz|h|hpp|html|ini|java|jpeg|jpg|js|json|jsonl|jsx|kt|"
+    "lock|log|md|mjs|pdf|php|png|py|pyi|rb|rs|scss|sh|sql|svg|swift|toml|ts|tsx|txt|vue|"
+    "xml|yaml|yml|zip"
+)
+_FILE_RE = re.compile(rf"^[A-Za-z0-9_][\w.-]*\.(?:{_EXTENSIONS})$", re.IGNORECASE)
+_MIXED_ID_RE = re.compile(r"^(?=[\w-]*[0-9])(?=[\w-]*[A-Za-z])[\w-]{8,}$")
+
+
+def _words(text: str) -> set[str]:
+    return set(_WORD_RE.findall(text))
+
+
+def distinctive_tokens(text: str) -> set[str]:
+    """Paths, file names (and the base names of paths) and letter+digit ids of 8+
+    characters found in ``text``: the words later narration would quote if it relied on
+    this text."""
+    found: set[str] = set()
+    for word in _words(text):
+        if "/" in word:
+            base = word.rstrip("/").rsplit("/", 1)[-1]
+            if len(word) >= 4 and any(c.isalpha() for c in word):
+                found.add(word)
+            if _FILE_RE.match(base) and len(base) >= 4:
+                found.add(base)
+        elif (_FILE_RE.match(word) and len(word) >= 4) or _MIXED_ID_RE.match(word):
+            found.add(word)
+    return found
+
+
+def _narration(message: Message) -> str:
+    if message["role"] not in ("user", "assistant"):
+        return ""
+    return "\n".join(p.get("text") or "" for p in message["parts"] if p.get("type") == "text")
+
+
+def _result_text(part: Mapping[str, Any]) -> str:
+    return "\n".join(
+        p.get("text") or "" for p in part.get("parts") or () if p.get("type") == "text"
+    )
+
+
+def elision_placeholder(message_id: str, chars: int) -> str:
+    return f"[elided tool result {message_id}: {chars} chars]"
+
+
+def elide(view: ContextView, *, k_turns: int = DEFAULT_K_TURNS) -> tuple[ContextView, RungReport]:
+    """Rung 1: replace uneventful old tool results' text with a placeholder.
+
+    Ids count as a reference anywhere later; a distinctive token only in the narration
+    of the result's own turn and the next one (the model reacts to a result in its own
+    turn, the user in the next; a file named fifty turns later is about the file, not
+    about this old read of it)."""
+    recent = view.recent_start(k_turns)
+    call_words: dict[str, set[str]] = {}
+    for message in view.messages[:recent]:
+        for part in message["parts"]:
+            if part.get("type") == "tool_call":
+                call_words[part["id"]] = _words(compact_json(part.get("arguments")))
+    narration = [_words(_narration(m)) for m in view.messages]
+    turn_words: dict[int, set[str]] = {}
+    for i, words in enumerate(narration):
+        turn_words.setdefault(view.turn_of[i], set()).update(words)
+
+    # Walk backwards so the sets hold the narration after each message.
+    later: set[str] = set()
+    in_turn: set[str] = set()
+    new_messages = list(view.messages)
+    replaced: list[Replacement] = []
+    for i in range(len(view.messages) - 1, -1, -1):
+        message = view.messages[i]
+        turn = view.turn_of[i]
+        if i + 1 < len(view.messages) and view.turn_of[i + 1] != turn:
+            in_turn = set()
+        if i < recent and message["role"] == "tool":
+            window = in_turn | turn_words.get(turn + 1, set())
+            parts = _elide_message(message, later, window, call_words, replaced)
+            if parts is not None:
+                new_messages[i] = {**message, "parts": parts}
+        later |= narration[i]
+        in_turn |= narration[i]
+    replaced.reverse()
+    after = view.with_messages(new_messages)
+    return after, _report("elision", view, after, replaced, k_turns=k_turns)
+
+
+def _elide_message(
+    message: Message,
+    later: set[str],
+    window: set[str],
+    call_words: Mapping[str, set[str]],
+    replaced: list[Replacement],
+) -> list[Part] | None:
+    mid = message["id"]
+    if mid in later:
+        return None
+    out: list[Part] = []
+    changed = False
+    for part in message["parts"]:
+        if part.get("type") != "tool_result" or part.get("is_error"):
+            out.append(part)
+            continue
+        text = _result_text(part)
+        call_id = str(part.get("call_id"))
+        revealed = distinctive_tokens(text) - call_words.get(call_id, set())
+        placeholder = elision_placeholder(mid, len(text))
+        if (
+            not text
+            or call_id in later
+            or revealed & window
+            or text_tokens(text) <= text_tokens(placeholder)
+        ):
+            out.append(part)
+            continue
+        # Images stay for rung 2; the text parts collapse into one placeholder.
+        inner: list[Part] = [{"type": "text", "text": placeholder}]
+        inner += [p for p in part.get("parts") or () if p.get("type") != "text"]
+        out.append({**part, "parts": inner})
+        replaced.append(Replacement(mid, "tool_result", placeholder))
+        changed = True
+    return out if changed else None
+
+
+# --- rung 2: image stripping -----------------------------------------------------------
+
+
+def image_placeholder(part: Mapping[str, Any]) -> str:
+    return f"[image {part.get('blob')} {part.get('width')}x{part.get('height')} removed]"
+
+
+def strip_images(
+    view: ContextView, *, k_turns: int = DEFAULT_K_TURNS
+) -> tuple[ContextView, RungReport]:
+    """Rung 2: replace images older than the last K turns with a placeholder."""
+    recent = view.recent_start(k_turns)
+    new_messages = list(view.messages)
+    replaced: list[Replacement] = []
+
+    def strip(parts: Sequence[Part], mid: str) -> tuple[list[Part], bool]:
+        out: list[Part] = []
+        changed = False
+        for part in parts:
+            if part.get("type") == "image":
+                text = image_placeholder(part)
+                out.append({"type": "text", "text": text})
+                replaced.append(Replacement(mid, "image", text))
+                changed = True
+            elif part.get("type") == "tool_result":
+                inner, inner_changed = strip(part.get("parts") or (), mid)
+                out.append({**part, "parts": inner} if inner_changed else part)
+                changed = changed or inner_changed
+            else:
+                out.append(part)
+        return out, changed
+
+    for i, message in enumerate(view.messages[:recent]):
+        parts, changed = strip(message["parts"], message["id"])
+        if changed:
+            new_messages[i] = {**message, "parts": parts}
+    after = view.with_messages(new_messages)
+    return after, _report("image_stripping", view, after, replaced, k_turns=k_turns)
+
+
+# --- head / middle / tail ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Split:
+    """``messages[:head_end]`` head, ``[head_end:tail_start]`` middle, the rest tail."""
+
+    head_end: int
+    tail_start: int
+
+    @property
+    def middle(self) -> range:
+        return range(self.head_end, self.tail_start)
+
+
+def split_view(
+    view: ContextView, *, head_budget: int | None = None, tail_budget: int | None = None
+) -> Split:
+    """Where the head ends and the tail starts (budgets in calibrated tokens)."""
+    n = len(view.messages)
+    head_budget = int(view.budget_tokens * HEAD_SHARE) if head_budget is None else head_budget
+    tail_budget = int(view.budget_tokens * TAIL_SHARE) if tail_budget is None else tail_budget
+    cal = view.calibration
+    raw = view.message_raw
+    safe = view.safe
+    starts = view.turn_starts
+
+    # Head: system + first turn; if that is over budget, up to the first user message.
+    first_turn_end = starts[1] if len(starts) > 1 else n
+    if cal.apply(sum(raw[:first_turn_end])) <= head_budget:
+        head_end = first_turn_end
+    else:
+        users = [i for i, m in enumerate(view.messages) if m["role"] == "user"]
+        lead = users[0] + 1 if users else 0
+        head_end = next((j for j in range(lead, n + 1) if safe[j]), n)
+
+    suffix = [0] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        suffix[i] = suffix[i + 1] + raw[i]
+
+    def fits_tail(i: int) -> bool:
+        return cal.apply(suffix[i]) <= tail_budget
+
+    # Tail: the oldest turn start whose suffix still fits; else a safe cut inside the
+    # last turn; else the smallest non-empty safe tail.
+    candidates = [s for s in starts if s >= head_end and s > 0 and fits_tail(s)]
+    if candidates:
+        return Split(head_end, min(candidates))
+    last_turn = max([head_end, *(s for s in starts if s > 0)])
+    inside = [j for j in range(last_turn, n) if safe[j] and fits_tail(j)]
+    if inside:
+        return Split(head_end, inside[0])
+    cuts = [j for j in range(head_end, n) if safe[j]]
+    return Split(head_end, cuts[-1] if cuts else head_end)
+
+
+# --- text of messages, for pages and summaries ---------------------------------------------
+
+
+def _image_label(part: Mapping[str, Any]) -> str:
+    return f"[image {part.get('blob')} {part.get('width')}x{part.get('height')}]"
+
+
+def part_text(part: Mapping[str, Any]) -> str:
+    """A part as plain text: tool calls as compact JSON, images as a placeholder;
+    thinking is left out (it is the model's scratchpad, not the conversation)."""
+    kind = part.get("type")
+    if kind == "text":
+        return str(part.get("text") or "")
+    if kind == "image":
+        return _image_label(part)
+    if kind == "tool_call":
+        args = compact_json(part.get("arguments"))
+        return f"[tool call {part.get('name')} {part.get('id')}] {args}"
+    if kind == "tool_result":
+        status = " error" if part.get("is_error") else ""
+        inner = "\n".join(part_text(p) for p in part.get("parts") or ())
+        return f"[tool result {part.get('call_id')}{status}] {inner}"
+    return ""
+
+
+def middle_segments(view: ContextView, indices: Iterable[int]) -> list[Segment]:
+    """Segments for messages of the view, built from the archived originals. A tool
+    result the elision rung replaced is drawn as its placeholder (the original stays
+    reachable by message id); images are always drawn as placeholders."""
+    segments: list[Segment] = []
+    for i in indices:
+        current = view.messages[i]
+        original = view.source_by_id.get(current["id"], current)
+        texts: list[str] = []
+        for j, part in enumerate(original["parts"]):
+            if part.get("type") == "tool_result" and j < len(current["parts"]):
+                part = _as_elided(current["id"], part, current["parts"][j])
+            text = part_text(part)
+            if text:
+                texts.append(text)
+        segments.append(Segment(current["role"], current["id"], "\n".join(texts)))
+    return segments
+
+
+def _as_elided(message_id: str, original: Part, now: Part) -> Part:
+    """``original`` with its text replaced by the elision placeholder when ``now`` (the
+    same part in the view) carries one."""
+    inner = list(original.get("parts") or ())
+    placeholder = elision_placeholder(message_id, len(_result_text(original)))
+    if now is original or not any(p.get("text") == placeholder for p in now.get("parts") or ()):
+        return original
+    images = [p for p in inner if p.get("type") == "image"]
+    return {**original, "parts": [{"type": "text", "text": placeholder}, *images]}
+
+
+# --- rung 3: snapshot ---------------------------------------------------------------------
+
+SNAPSHOT_ID_PREFIX = "snapshot:"
+SUMMARY_ID_PREFIX = "summary:"
+
+
+def page_part(page: PageLike, index: int) -> Part:
+    """A snapshot page as an image part. ``blob`` is the sha256 of ``png``, so once the
+    Django layer stores the bytes as that Blob (and drops ``png``), the rest is an
+    ordinary Arbor image part; ``snapshot_page`` says what it covers."""
+    return {
+        "type": "image",
+        "blob": hashlib.sha256(page.png).hexdigest(),
+        "mime": "image/png",
+        "width": page.width,
+        "height": page.height,
+        "png": page.png,
+        "snapshot_page": {
+            "index": index,
+            "first_message_id": page.first_message_id,
+            "last_message_id": page.last_message_id,
+            "chars": page.chars,
+            "billed_tokens": page.billed_tokens,
+        },
+    }
+
+
+def page_parts(view: ContextView) -> list[Part]:
+    """Every snapshot page part in a view, in order."""
+    return [p for m in view.messages for p in m["parts"] if "snapshot_page" in p]
+
+
+def detach_pages(view: ContextView) -> tuple[ContextView, dict[str, bytes]]:
+    """The view with the PNG bytes taken out of its page parts, and those bytes by
+    sha256: what the Django layer stores as Blobs before the view goes to a provider
+    (which loads images by blob) or out as JSON."""
+    pngs: dict[str, bytes] = {}
+    messages: list[Message] = []
+    for message in view.messages:
+        if not any("png" in p for p in message["parts"]):
+            messages.append(message)
+            continue
+        parts: list[Part] = []
+        for part in message["parts"]:
+            if "png" in part:
+                pngs[part["blob"]] = part["png"]
+                part = {k: v for k, v in part.items() if k != "png"}
+            parts.append(part)
+        messages.append({**message, "parts": parts})
+    return view.with_messages(messages), pngs
+
+
+def snapshot(
+    view: ContextView,
+    *,
+    render: RenderFn,
+    head_budget: int | None = None,
+    tail_budget: int | None = None,
+    density: str = "default",
+) -> tuple[ContextView, RungReport]:
+    """Rung 3: the middle of the view as rendered pages of its original text."""
+    if not view.model.vision:
+        return view, _report("snapshot", view, view, skipped="the model cannot read images")
+    split = split_view(view, head_budget=head_budget, tail_budget=tail_budget)
+    if not split.middle:
+        return view, _report("snapshot", view, view, skipped="no middle to snapshot")
+    covered = [view.messages[i]["id"] for i in split.middle]
+    result = render(middle_segments(view, split.middle), rule=view.rule, density=density)
+    pages = list(result.pages)
+    if not pages:
+        return view, _report("snapshot", view, view, skipped="the renderer made no pages")
+    ranges = "; ".join(
+        f"page {n}: {p.first_message_id} to {p.last_message_id}" for n, p in enumerate(pages, 1)
+    )
+    intro = (
+        f"[snapshot of messages {covered[0]} to {covered[-1]} ({len(covered)} messages)] "
+        f"The {len(pages)} images below are pages of the earlier conversation, rendered "
+        "as text: each message starts under a header with its role and id, and a ↵ "
+        "marks a line break. The original messages are archived and can be fetched by "
+        f"id. {ranges}."
+    )
+    message: Message = {
+        "id": f"{SNAPSHOT_ID_PREFIX}{covered[0]}..{covered[-1]}",
+        "role": "user",
+        "parts": [{"type": "text", "text": intro}] + [page_part(p, n) for n, p in enumerate(pages)],
+        "metadata": {"compaction": {"rung": "snapshot", "covers": covered}},
+    }
+    messages = [
+        *view.messages[: split.head_end],
+        message,
+        *view.messages[split.tail_start :],
+    ]
+    after = view.with_messages(messages)
+    if after.estimate() >= view.estimate():
+        return view, _report("snapshot", view, view, skipped="pages would cost more than the text")
+    where = f"{message['id']} pages"
+    return after, _report(
+        "snapshot",
+        view,
+        after,
+        (Replacement(mid, "message", where) for mid in covered),
+        pages=len(pages),
+        page_tokens=sum(p.billed_tokens for p in pages),
+        chars=sum(p.chars for p in pages),
+        head_end=split.head_end,
+        tail_start=split.tail_start,
+        settings=dict(result.settings),
+        missing_glyphs=result.missing_glyphs,
+        substituted=result.substituted,
+    )
+
+
+# --- rung 4: summary ------------------------------------------------------------------------
+
+SUMMARY_INSTRUCTIONS = (
+    "You compress the middle of a long conversation so that it can continue in a smaller "
+    "context window. Summarise the transcript the user sends, in order, for the assistant "
+    "who will carry on the work. Keep: decisions made and why; the user's constraints and "
+    "preferences; file names, paths, commands and identifiers; errors met and how they "
+    "were resolved; open tasks and next steps. Name message ids (shown in the headers) "
+    "when you refer to a specific message: the originals can be fetched by id. Do not "
+    "invent anything. Stay under {words} words."
+)
+MERGE_INSTRUCTIONS = (
+    "You merge partial summaries of consecutive parts of one conversation into a single "
+    "summary, in order. Keep: decisions made and why; the user's constraints and "
+    "preferences; file names, paths, commands and identifiers; errors met and how they "
+    "were resolved; open tasks and next steps; message ids. Drop repetition. Do not "
+    "invent anything. Stay under {words} words."
+)
+
+
+@dataclass
+class _Summarizer:
+    """Chunked summarisation where every request fits: calibrated estimate of the prompt
+    plus the reserved output never exceeds the window less the margin."""
+
+    view: ContextView
+    summarize: SummarizeFn
+    requests: list[int] = field(default_factory=list)  # calibrated estimate of each
+
+    @cached_property
+    def output_tokens(self) -> int:
+        model = self.view.model
+        return max(1, min(SUMMARY_MAX_TOKENS, model.max_output, model.context_window // 8))
+
+    @cached_property
+    def capacity(self) -> int:
+        """The calibrated size a summary request's prompt may have."""
+        window = self.view.model.context_window
+        return window - margin_tokens(window) - self.output_tokens
+
+    def _prompt(self, instructions: str, parts: list[Part]) -> list[Message]:
+        words = int(self.output_tokens * 0.7)
+        return [
+            {
+                "role": "system",
+                "parts": [{"type": "text", "text": instructions.format(words=words)}],
+            },
+            {"role": "user", "parts": parts},
+        ]
+
+    def _fixed_raw(self, instructions: str, header: str) -> int:
+        prompt = self._prompt(instructions, [{"type": "text", "text": header}])
+        return request_tokens(prompt, rule=self.view.rule)
+
+    def _fits(self, raw: int) -> bool:
+        return self.view.calibration.apply(raw) <= self.capacity
+
+    def _pieces(self, text: str, room_raw: int) -> list[str]:
+        """``text`` cut into pieces whose raw estimate is at most ``room_raw``."""
+        pieces: list[str] = []
+        while text:
+            length = len(text)
+            # Slices are throwaway strings: count them without filling the cache.
+            while length > 1 and (tokens := count_text_tokens(text[:length])) > room_raw:
+                length = max(1, int(length * min(0.9, room_raw / tokens)))
+            pieces.append(text[:length])
+            text = text[length:]
+        return pieces
+
+    def _pack(self, instructions: str, header: str, blocks: list[str]) -> list[list[str]]:
+        """Greedy batches of blocks, each a request that fits (blocks too large for one
+        request are cut into pieces first)."""
+        fixed = self._fixed_raw(instructions, header)
+        room = int(self.capacity / self.view.calibration.factor) - fixed - 2
+        if room < 64:
+            raise CompactionError(
+                f"a {self.view.model.context_window}-token window leaves no room to summarise"
+            )
+        batches: list[list[str]] = [[]]
+        used = 0
+        for block in blocks:
+            for piece in self._pieces(block, room) if text_tokens(block) > room else [block]:
+                cost = text_tokens(piece)
+                if batches[-1] and not self._fits(fixed + used + cost):
+                    batches.append([])
+                    used = 0
+                batches[-1].append(piece)
+                used += cost
+        return [b for b in batches if b]
+
+    def _call(self, instructions: str, header: str, batch: list[str]) -> str:
+        parts: list[Part] = [{"type": "text", "text": header}]
+        parts += [{"type": "text", "text": block} for block in batch]
+        prompt = self._prompt(instructions, parts)
+        estimate = self.view.calibration.apply(request_tokens(prompt, rule=self.view.rule))
+        if estimate > self.capacity:  # invariant 11; _pack makes this unreachable
+            raise CompactionError(f"summary request of {estimate} tokens would not fit")
+        self.requests.append(estimate)
+        text = self.summarize(prompt).strip()
+        return self._clip(text)
+
+    def _clip(self, text: str) -> str:
+        # A summary longer than its reserved output is cut, so merging always converges.
+        if count_text_tokens(text) <= self.output_tokens:
+            return text
+        return self._pieces(text, self.output_tokens)[0] + " […]"
+
+    def run(self, segments: list[Segment]) -> str:
+        header = "Transcript to summarise (each message under a header with its role and id):"
+        blocks = [f"### {s.role} {s.message_id}\n{s.text}" for s in segments]
+        summaries = [
+            self._call(SUMMARY_INSTRUCTIONS, header, batch)
+            for batch in self._pack(SUMMARY_INSTRUCTIONS, header, blocks)
+        ]
+        merge_header = "Partial summaries, oldest first:"
+        while len(summaries) > 1:
+            blocks = [f"## Part {n}\n{s}" for n, s in enumerate(summaries, 1)]
+            batches = self._pack(MERGE_INSTRUCTIONS, merge_header, blocks)
+            if len(batches) >= len(summaries):
+                raise CompactionError("partial summaries are too long to merge in this window")
+            summaries = [self._call(MERGE_INSTRUCTIONS, merge_header, b) for b in batches]
+        return summaries[0] if summaries else ""
+
+
+def summarize_middle(
+    view: ContextView,
+    *,
+    summarize: SummarizeFn,
+    head_budget: int | None = None,
+    tail_budget: int | None = None,
+) -> tuple[ContextView, RungReport]:
+    """Rung 4: the middle replaced by a model-written summary."""
+    summarizer = _Summarizer(view, summarize)
+    head_budget = int(view.budget_tokens * HEAD_SHARE) if head_budget is None else head_budget
+    if tail_budget is None:
+        tail_budget = int(view.budget_tokens * TAIL_SHARE)
+    # Leave room for the summary itself: the tail gets what head and summary leave.
+    head = split_view(view, head_budget=head_budget, tail_budget=0).head_end
+    room = (
+        view.budget_tokens
+        - view.calibration.apply(
+            request_tokens(
+                view.messages[:head], rule=view.rule, system=view.system, tools=view.tools
+            )
+            + summarizer.output_tokens
+            + MESSAGE_OVERHEAD
+            + REQUEST_OVERHEAD
+        )
+        - 64
+    )
+    split = split_view(view, head_budget=head_budget, tail_budget=max(0, min(tail_budget, room)))
+    if not split.middle:
+        return view, _report("summary", view, view, skipped="no middle to summarise")
+    covered = [view.messages[i]["id"] for i in split.middle]
+    text = summarizer.run(middle_segments(view, split.middle))
+    intro = (
+        f"[summary of messages {covered[0]} to {covered[-1]} ({len(covered)} messages); "
+        "the original messages are archived and can be fetched by id]"
+    )
+    message: Message = {
+        "id": f"{SUMMARY_ID_PREFIX}{covered[0]}..{covered[-1]}",
+        "role": "user",
+        "parts": [{"type": "text", "text": f"{intro}\n\n{text}"}],
+        "metadata": {"compaction": {"rung": "summary", "covers": covered}},
+    }
+    messages = [*view.messages[: split.head_end], message, *view.messages[split.tail_start :]]
+    after = view.with_messages(messages)
+    return after, _report(
+        "summary",
+        view,
+        after,
+        (Replacement(mid, "message", message["id"]) for mid in covered),
+        model_calls=len(summarizer.requests),
+        request_tokens=list(summarizer.requests),
+        request_capacity=summarizer.capacity,
+        head_end=split.head_end,
+        tail_start=split.tail_start,
+    )
+
+
+# --- the driver -------------------------------------------------------------------------------
+
+
+def run_ladder(
+    view: ContextView,
+    *,
+    render: RenderFn | None = None,
+    summarize: SummarizeFn | None = None,
+    k_turns: int = DEFAULT_K_TURNS,
+    tail_budget: int | None = None,
+    head_budget: int | None = None,
+) -> LadderResult:
+    """Apply the rungs in order from the original messages and stop at the first view
+    that fits the budget (tokens and non-token limits). The snapshot is retried with a
+    smaller tail (pages are cheaper than text) before falling back to a summary; the
+    summary runs only when the free rungs are not enough or the model cannot read images
+    (or no renderer was given)."""
+    view = view.reset()
+    if view.fits():
+        return LadderResult(view, (), True)
+    reports: list[RungReport] = []
+    current = view
+    for rung in (elide, strip_images):
+        current, report = rung(current, k_turns=k_turns)
+        if report.applied:
+            reports.append(report)
+        if current.fits():
+            return LadderResult(current, tuple(reports), True)
+    free = current
+
+    best: tuple[ContextView, RungReport] | None = None
+    if render is not None and view.model.vision:
+        tail = int(view.budget_tokens * TAIL_SHARE) if tail_budget is None else tail_budget
+        seen: set[int] = set()
+        for attempt in (tail, tail // 2, tail // 4, 0):
+            split = split_view(free, head_budget=head_budget, tail_budget=attempt)
+            if split.tail_start in seen:
+                continue
+            seen.add(split.tail_start)
+            snap, report = snapshot(
+                free, render=render, head_budget=head_budget, tail_budget=attempt
+            )
+            if not report.applied:
+                continue  # e.g. pages dearer than a small middle: a smaller tail may pay
+            if snap.fits():
+                return LadderResult(snap, (*reports, report), True)
+            if best is None or snap.estimate() < best[0].estimate():
+                best = (snap, report)
+
+    if summarize is not None:
+        summary, report = summarize_middle(
+            free, summarize=summarize, head_budget=head_budget, tail_budget=tail_budget
+        )
+        if report.applied or best is None:
+            out = (*reports, report) if report.applied else tuple(reports)
+            return LadderResult(summary, out, summary.fits())
+    if best is not None:
+        return LadderResult(best[0], (*reports, best[1]), False)
+    return LadderResult(free, tuple(reports), False)
+
+
+def reactive(
+    view: ContextView,
+    *,
+    measured_tokens: int | None,
+    limit: int | None,
+    render: RenderFn | None = None,
+    summarize: SummarizeFn | None = None,
+    k_turns: int = DEFAULT_K_TURNS,
+    tail_budget: int | None = None,
+    head_budget: int | None = None,
+) -> LadderResult:
+    """Compaction after a provider rejected ``view`` (the request it was sent) with a
+    ContextOverflow(measured_tokens, limit).
+
+    The calibration learns measured / raw estimate of the rejected request, and the
+    ladder compacts to ``limit - max_output - margin`` (or the view's own budget when
+    lower), so the next request is below the provider's limit by the margin even in
+    the provider's count. Raises CompactionError rather than return a view that does
+    not fit or that equals the rejected payload (invariant 11)."""
+    window = limit or view.model.context_window
+    if not measured_tokens:
+        # No numbers: the prompt was at least over the room the window leaves for input.
+        measured_tokens = max(view.estimate(), window - view.model.max_output) + 1
+    calibration = view.calibration.after_overflow(view.raw_tokens, measured_tokens)
+    target = min(view.budget_tokens, window - margin_tokens(window) - view.model.max_output)
+    if target <= 0:
+        raise CompactionError(f"a {window}-token limit leaves no room for a request")
+    retry = replace(view, calibration=calibration, budget_tokens=target)
+    result = run_ladder(
+        retry,
+        render=render,
+        summarize=summarize,
+        k_turns=k_turns,
+        tail_budget=tail_budget,
+        head_budget=head_budget,
+    )
+    if result.view.messages == view.messages:
+        raise CompactionError("compaction left the rejected request unchanged", result=result)
+    if not result.fits:
+        raise CompactionError(
+            f"cannot fit the conversation under {target} tokens (best: {result.view.estimate()})",
+            result=result,
+        )
+    return result

@@ -1,0 +1,128 @@
+"""Proactive compaction as a real Celery task: Redis broker, a real worker process.
+
+CI runs Redis on 127.0.0.1:6379; there a missing Redis fails this test instead of
+skipping it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from django.test import TransactionTestCase
+
+from arbor.celery import app as celery_app
+from compaction.models import CompactionJob, CompactionRecord
+from conversations import services
+from conversations.providers.fake import FakeLLMServer, Step
+from conversations.turns import turn_run
+from tests.builders import make_user, text
+from tests.fake_models import child_env, serve_fake_models
+
+ROOT = Path(__file__).resolve().parent.parent
+BROKER = "redis://127.0.0.1:6379/14"
+FAKE = FakeLLMServer(context_window=4000)
+
+
+def redis_available() -> bool:
+    try:
+        return bool(redis.Redis.from_url(BROKER, socket_connect_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+@pytest.fixture(scope="module", autouse=True)
+def broker() -> Iterator[None]:
+    if not redis_available():
+        if os.environ.get("CI") == "true":
+            pytest.fail("Redis is not reachable on 127.0.0.1:6379 (CI must provide it)")
+        pytest.skip("Redis is not running on 127.0.0.1:6379")
+    redis.Redis.from_url(BROKER).flushdb()
+    with serve_fake_models(FAKE):
+        yield
+
+
+class CeleryWorkerTests(TransactionTestCase):
+    def setUp(self) -> None:
+        saved = dict(celery_app.conf)
+        celery_app.conf.update(broker_url=BROKER, task_always_eager=False)
+        self.addCleanup(celery_app.conf.update, saved)
+        env = dict(child_env(), CELERY_BROKER_URL=BROKER)
+        self.worker = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "arbor", "worker", "--pool", "solo",
+             "--concurrency", "1", "--loglevel", "WARNING", "--without-heartbeat",
+             "--without-gossip", "--without-mingle"],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        self.addCleanup(self.worker.wait, 20)
+        self.addCleanup(self.worker.terminate)
+
+    def test_a_turn_over_the_threshold_is_compacted_by_a_worker(self) -> None:
+        user = make_user("agent")
+        conv = services.conversation_create(owner=user, title="long", model="openai/textonly")
+        # Ten turns, each reading a long, uneventful file through a tool.
+        for i in range(10):
+            conv.refresh_from_db()
+            services.turn_append(
+                conversation=conv,
+                parent_id=conv.tip_id,
+                expected_version=conv.version,
+                messages=[
+                    {"role": "user", "parts": text(f"step {i}: read the log")},
+                    {
+                        "role": "assistant",
+                        "parts": [
+                            {"type": "tool_call", "id": f"c{i}", "name": "read", "arguments": {}}
+                        ],
+                    },
+                    {
+                        "role": "tool",
+                        "parts": [
+                            {
+                                "type": "tool_result",
+                                "call_id": f"c{i}",
+                                "parts": text("log line ok\n" * 60),
+                            }
+                        ],
+                    },
+                    {"role": "assistant", "parts": text(f"step {i} done")},
+                ],
+            )
+        FAKE.push(Step.reply("All steps done."))
+        # The path fits before this turn; with its long question, the next one would not.
+        question = "Summarise the progress so far, considering these notes. " * 64
+        outcome = turn_run(conversation=conv, parts=text(question))
+        job = CompactionJob.objects.get(conversation=conv)
+        assert job.anchor_id == outcome.tip and job.trigger == "proactive"
+        deadline = time.monotonic() + 90
+        while True:
+            job.refresh_from_db()
+            if job.state in ("done", "failed"):
+                break
+            if self.worker.poll() is not None or time.monotonic() > deadline:
+                output = self.worker.stdout.read().decode() if self.worker.stdout else ""
+                raise AssertionError(f"the worker did not finish the job ({job.state}): {output}")
+            time.sleep(0.2)
+        assert job.state == "done", job.error
+        assert job.attempts == 1
+        record = CompactionRecord.objects.get(pk=job.record_id)
+        assert record.status == "ready" and record.trigger == "proactive"
+        assert record.anchor_id == outcome.tip
+        assert record.rungs[0]["rung"] == "elision"
+        assert record.tokens_after < record.tokens_before
+        # The originals are untouched and reachable from every placeholder.
+        placeholders = [
+            p["parts"][0]["text"]
+            for m in record.view
+            for p in m["parts"]
+            if p.get("type") == "tool_result" and "elided tool result" in p["parts"][0]["text"]
+        ]
+        assert placeholders
+        assert all(services.Message.objects.filter(pk=t.split()[3].rstrip(":")).exists()
+                   for t in placeholders)  # fmt: skip

@@ -1,0 +1,217 @@
+"""Compaction over the tree: records, reuse by branches, failures, and the reactive path
+against the fake provider (DESIGN.md invariants 8, 9, 11)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+from unittest import mock
+
+import pytest
+from django.test import Client, TestCase
+
+from compaction.models import CompactionRecord, ModelCalibration
+from conversations import services
+from conversations.models import Conversation, Message
+from conversations.providers import resolve_model
+from conversations.providers.fake import FakeLLMServer, Step
+from tests.builders import make_user, text
+from tests.fake_models import serve_fake_models
+
+FAKE = FakeLLMServer(context_window=4000)
+# Declared with twice the window the fake enforces: Arbor's budget lets requests through
+# that the provider rejects, as when a local estimate undercounts.
+LIAR = {"context_window": 8000, "max_output": 256, "vision": False}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fake_provider() -> Iterator[FakeLLMServer]:
+    with serve_fake_models(FAKE, extra={"openai/liar": LIAR}) as server:
+        yield server
+
+
+def grow(
+    conv: Conversation, turns: int, *, result_chars: int = 720, start: int = 0, error: bool = False
+) -> None:
+    """Append agent turns that each read a long, uneventful tool result."""
+    for i in range(start, start + turns):
+        conv.refresh_from_db()
+        services.turn_append(
+            conversation=conv,
+            parent_id=conv.tip_id,
+            expected_version=conv.version,
+            messages=[
+                {"role": "user", "parts": text(f"step {i}: read the log")},
+                {
+                    "role": "assistant",
+                    "parts": [
+                        {"type": "tool_call", "id": f"c{i}", "name": "read", "arguments": {}}
+                    ],
+                },
+                {
+                    "role": "tool",
+                    "parts": [
+                        {
+                            "type": "tool_result",
+                            "call_id": f"c{i}",
+                            "is_error": error,
+                            "parts": text("log line ok\n" * (result_chars // 12)),
+                        }
+                    ],
+                },
+                {"role": "assistant", "parts": text(f"step {i} done")},
+            ],
+        )
+    conv.refresh_from_db()
+
+
+class ContextTests(TestCase):
+    @classmethod
+    def setUpTestData(cls) -> None:
+        cls.user = make_user()
+        _, cls.secret = services.api_token_create(user=cls.user, name="t")
+
+    def setUp(self) -> None:
+        FAKE.clear()
+        self.api = Client(HTTP_AUTHORIZATION=f"Bearer {self.secret}")
+        self.spec = resolve_model("openai/textonly")
+
+    def context(self, conv: Conversation, **params: Any) -> Any:
+        response = self.api.get(
+            f"/api/conversations/{conv.pk}/context", {"model": "openai/textonly", **params}
+        )
+        assert response.status_code == 200, response.content
+        return response.json()
+
+    def test_a_path_that_fits_is_sent_as_it_is(self) -> None:
+        conv = services.conversation_create(owner=self.user, title="short")
+        grow(conv, 2)
+        body = self.context(conv)
+        assert body["fits"] and body["record"] is None and body["rungs"] == []
+        assert len(body["request"]["messages"]) == 8
+        assert not CompactionRecord.objects.exists()
+
+    def test_elision_is_recorded_with_the_originals_reachable(self) -> None:
+        conv = services.conversation_create(owner=self.user, title="long")
+        grow(conv, 16)
+        body = self.context(conv)
+        assert body["fits"] and body["rungs"][0]["rung"] == "elision"
+        record = CompactionRecord.objects.get(pk=body["record"])
+        assert record.anchor_id == conv.tip_id and record.status == "ready"
+        assert record.tokens_after < record.tokens_before <= 10**6
+        sent = json.dumps(body["request"]["messages"])
+        elided = [r["message"] for r in body["rungs"][0]["replaced"]]
+        assert elided and all(f"[elided tool result {mid}:" in sent for mid in elided)
+        # Every elided original is still in the tree, untouched.
+        for mid in elided:
+            assert "log line ok" in json.dumps(Message.objects.get(pk=mid).parts)
+        # Narration is never elided.
+        for i in range(16):
+            assert f"step {i}: read the log" in sent and f"step {i} done" in sent
+
+    def test_branches_below_the_anchor_reuse_the_record_and_above_it_do_not(self) -> None:
+        conv = services.conversation_create(owner=self.user, title="long")
+        grow(conv, 16)
+        first = self.context(conv)
+        anchor = conv.tip_id
+        # Two branches below the anchor.
+        for word in ("left", "right"):
+            services.turn_append(
+                conversation=conv,
+                parent_id=anchor,
+                expected_version=None,
+                messages=[{"role": "user", "parts": text(word)}],
+            )
+            conv.refresh_from_db()
+            body = self.context(conv)
+            assert body["record"] == first["record"] and body["reused"], word
+            assert word in json.dumps(body["request"]["messages"])
+        # A branch that leaves the path above the anchor gets its own compaction.
+        early = Message.objects.filter(conversation=conv, depth=59).get()
+        services.turn_append(
+            conversation=conv,
+            parent_id=early.id,
+            expected_version=None,
+            messages=[{"role": "user", "parts": text("another way")}],
+        )
+        conv.refresh_from_db()
+        body = self.context(conv)
+        assert body["record"] != first["record"] and not body["reused"]
+        assert CompactionRecord.objects.filter(conversation=conv).count() == 2
+
+    def test_a_failed_compaction_leaves_no_record_in_use(self) -> None:
+        conv = services.conversation_create(owner=self.user, title="long")
+        grow(conv, 16)
+        with mock.patch("compaction.services.run_ladder", side_effect=RuntimeError("boom")):
+            failed = self.context(conv)
+        assert failed["record_status"] == "failed" and not failed["fits"]
+        record = CompactionRecord.objects.get(pk=failed["record"])
+        assert "boom" in record.error and record.view == []
+        # The conversation works as before: the next call compacts afresh.
+        body = self.context(conv)
+        assert body["record"] != failed["record"] and body["fits"]
+
+    def test_a_stranger_cannot_read_the_context(self) -> None:
+        conv = services.conversation_create(owner=self.user, title="mine")
+        grow(conv, 1)
+        other = make_user("mallory")
+        _, secret = services.api_token_create(user=other, name="m")
+        response = Client(HTTP_AUTHORIZATION=f"Bearer {secret}").get(
+            f"/api/conversations/{conv.pk}/context"
+        )
+        assert response.status_code == 404
+
+
+class ReactiveTests(TestCase):
+    """The provider rejects a request the local estimate let through."""
+
+    @classmethod
+    def setUpTestData(cls) -> None:
+        cls.user = make_user()
+        _, cls.secret = services.api_token_create(user=cls.user, name="t")
+
+    def test_overflow_recovers_without_resending_or_oversized_summaries(self) -> None:
+        FAKE.clear()
+        api = Client(HTTP_AUTHORIZATION=f"Bearer {self.secret}")
+        conv = services.conversation_create(owner=self.user, title="big", model="openai/liar")
+        # Eventful results (errors are never elided), so only a summary can save room.
+        grow(conv, 14, result_chars=1200, error=True)
+        # Every summary call (chunks, then a merge) answers with this; the final answer
+        # comes from the fake's default reply once the script runs out.
+        FAKE.push(*[Step.reply("Summary: steps read logs that failed.")] * 3)
+        response = api.post(
+            f"/api/conversations/{conv.pk}/messages",
+            {"parts": text("how far are we?")},
+            content_type="application/json",
+        )
+        assert response.status_code == 201, response.content
+        log = FAKE.requests
+        rejected = [r for r in log if (r.prompt_tokens or 0) > 4000]
+        assert len(rejected) == 1, [r.prompt_tokens for r in log]
+        bodies = [json.dumps(r.body, sort_keys=True) for r in log]
+        # The rejected payload was never sent again.
+        assert bodies.count(json.dumps(rejected[0].body, sort_keys=True)) == 1
+        # Every request after it fit the provider's window with room to spare.
+        after = log[log.index(rejected[0]) + 1 :]
+        assert after and all((r.prompt_tokens or 0) < 4000 for r in after)
+        calibration = ModelCalibration.objects.get(model="openai/liar")
+        assert calibration.reported_limit == 4000 and calibration.factor >= 1.0
+        record = CompactionRecord.objects.get(conversation=conv, trigger="reactive")
+        assert record.status == "ready" and [r["rung"] for r in record.rungs] == ["summary"]
+        # Summary only because nothing cheaper could help: every result was an error.
+        summaries = after[: record.model_calls]
+        assert len(summaries) == record.model_calls >= 1
+        assert all("summar" in json.dumps(r.body).lower() for r in summaries)
+        # The final request carried the summary and the new question, not the logs.
+        final = json.dumps(log[-1].body)
+        assert "Summary: steps read logs that failed." in final and "how far are we?" in final
+        assert final.count("log line ok") < 14 * 100
+        # The answer is persisted on the tree, the originals untouched.
+        answer = Message.objects.get(pk=response.json()["tip"])
+        assert answer.parent.parts == text("how far are we?")
+        assert Message.objects.filter(conversation=conv).count() == 14 * 4 + 2
+        assert all(
+            "log line ok" in json.dumps(m.parts)
+            for m in Message.objects.filter(conversation=conv, role="tool")
+        )
