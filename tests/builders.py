@@ -67,3 +67,38 @@ def new_conversation(
     conv = services.conversation_create(owner=owner, title=kwargs.pop("title", "test"))
     nodes = build_tree(conv, spec, **kwargs) if spec else {}
     return conv, nodes
+
+
+def grow(
+    conv: Conversation, turns: int, *, result_chars: int = 720, start: int = 0, error: bool = False
+) -> None:
+    """Append agent turns that each read a long, uneventful tool result."""
+    for i in range(start, start + turns):
+        conv.refresh_from_db()
+        services.turn_append(
+            conversation=conv,
+            parent_id=conv.tip_id,
+            expected_version=conv.version,
+            messages=[
+                {"role": "user", "parts": text(f"step {i}: read the log")},
+                {
+                    "role": "assistant",
+                    "parts": [
+                        {"type": "tool_call", "id": f"c{i}", "name": "read", "arguments": {}}
+                    ],
+                },
+                {
+                    "role": "tool",
+                    "parts": [
+                        {
+                            "type": "tool_result",
+                            "call_id": f"c{i}",
+                            "is_error": error,
+                            "parts": text("log line ok\n" * (result_chars // 12)),
+                        }
+                    ],
+                },
+                {"role": "assistant", "parts": text(f"step {i} done")},
+            ],
+        )
+    conv.refresh_from_db()

@@ -22,7 +22,7 @@ from compaction.models import CompactionJob, CompactionRecord
 from conversations import services
 from conversations.providers.fake import FakeLLMServer, Step
 from conversations.turns import turn_run
-from tests.builders import make_user, text
+from tests.builders import grow, make_user, text
 from tests.fake_models import child_env, serve_fake_models
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,34 +66,7 @@ class CeleryWorkerTests(TransactionTestCase):
     def test_a_turn_over_the_threshold_is_compacted_by_a_worker(self) -> None:
         user = make_user("agent")
         conv = services.conversation_create(owner=user, title="long", model="openai/textonly")
-        # Ten turns, each reading a long, uneventful file through a tool.
-        for i in range(10):
-            conv.refresh_from_db()
-            services.turn_append(
-                conversation=conv,
-                parent_id=conv.tip_id,
-                expected_version=conv.version,
-                messages=[
-                    {"role": "user", "parts": text(f"step {i}: read the log")},
-                    {
-                        "role": "assistant",
-                        "parts": [
-                            {"type": "tool_call", "id": f"c{i}", "name": "read", "arguments": {}}
-                        ],
-                    },
-                    {
-                        "role": "tool",
-                        "parts": [
-                            {
-                                "type": "tool_result",
-                                "call_id": f"c{i}",
-                                "parts": text("log line ok\n" * 60),
-                            }
-                        ],
-                    },
-                    {"role": "assistant", "parts": text(f"step {i} done")},
-                ],
-            )
+        grow(conv, 10)  # ten turns, each reading a long, uneventful tool result
         FAKE.push(Step.reply("All steps done."))
         # The path fits before this turn; with its long question, the next one would not.
         question = "Summarise the progress so far, considering these notes. " * 64

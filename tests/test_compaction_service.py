@@ -16,7 +16,7 @@ from conversations import services
 from conversations.models import Conversation, Message
 from conversations.providers import resolve_model
 from conversations.providers.fake import FakeLLMServer, Step
-from tests.builders import make_user, text
+from tests.builders import grow, make_user, text
 from tests.fake_models import serve_fake_models
 
 FAKE = FakeLLMServer(context_window=4000)
@@ -29,41 +29,6 @@ LIAR = {"context_window": 8000, "max_output": 256, "vision": False}
 def fake_provider() -> Iterator[FakeLLMServer]:
     with serve_fake_models(FAKE, extra={"openai/liar": LIAR}) as server:
         yield server
-
-
-def grow(
-    conv: Conversation, turns: int, *, result_chars: int = 720, start: int = 0, error: bool = False
-) -> None:
-    """Append agent turns that each read a long, uneventful tool result."""
-    for i in range(start, start + turns):
-        conv.refresh_from_db()
-        services.turn_append(
-            conversation=conv,
-            parent_id=conv.tip_id,
-            expected_version=conv.version,
-            messages=[
-                {"role": "user", "parts": text(f"step {i}: read the log")},
-                {
-                    "role": "assistant",
-                    "parts": [
-                        {"type": "tool_call", "id": f"c{i}", "name": "read", "arguments": {}}
-                    ],
-                },
-                {
-                    "role": "tool",
-                    "parts": [
-                        {
-                            "type": "tool_result",
-                            "call_id": f"c{i}",
-                            "is_error": error,
-                            "parts": text("log line ok\n" * (result_chars // 12)),
-                        }
-                    ],
-                },
-                {"role": "assistant", "parts": text(f"step {i} done")},
-            ],
-        )
-    conv.refresh_from_db()
 
 
 class ContextTests(TestCase):
