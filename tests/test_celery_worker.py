@@ -84,6 +84,7 @@ class CeleryWorkerTests(TransactionTestCase):
             time.sleep(0.2)
         assert job.state == "done", job.error
         assert job.attempts == 1
+        assert job.record_id is not None
         record = CompactionRecord.objects.get(pk=job.record_id)
         assert record.status == "ready" and record.trigger == "proactive"
         assert record.anchor_id == outcome.tip

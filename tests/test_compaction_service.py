@@ -22,7 +22,7 @@ from tests.fake_models import serve_fake_models
 FAKE = FakeLLMServer(context_window=4000)
 # Declared with twice the window the fake enforces: Arbor's budget lets requests through
 # that the provider rejects, as when a local estimate undercounts.
-LIAR = {"context_window": 8000, "max_output": 256, "vision": False}
+LIAR: dict[str, object] = {"context_window": 8000, "max_output": 256, "vision": False}
 
 
 @pytest.fixture(scope="module", autouse=True)
