@@ -41,6 +41,7 @@ bench: setup
 	DEBUG=1 $(BIN)/python manage.py migrate --noinput
 	DEBUG=1 $(BIN)/python manage.py bench_tree
 	$(TEST_ENV) $(BIN)/python manage.py bench_turns
+	$(TEST_ENV) $(BIN)/python manage.py bench_compaction
 
 clean:
 	rm -rf $(VENV) var/*.sqlite3

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from csp.constants import NONE, SELF
+
 from arbor.env import (
     ImproperlyConfiguredEnv,
     database_from_url,
@@ -35,6 +37,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_htmx",
+    "template_partials",
     "ninja",
     "conversations",
     "compaction",
@@ -50,6 +53,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "arbor.middleware.api_json_errors",
 ]
@@ -69,6 +73,8 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
             ],
+            # {% partialdef %} / {% partial %} in every template (django-template-partials).
+            "builtins": ["template_partials.templatetags.partials"],
         },
     },
 ]
@@ -101,7 +107,27 @@ WHITENOISE_AUTOREFRESH = DEBUG
 MEDIA_URL = "media/"
 MEDIA_ROOT = Path(env_str("MEDIA_ROOT", str(VAR_DIR / "media")))
 
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "conversations:list"
+LOGOUT_REDIRECT_URL = "login"
+
+# Content-Security-Policy (django-csp): scripts only from our own static files, never
+# inline; images only from our own origin, so a remote image in a message is never
+# loaded without the user's action (markdown turns it into a link).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "font-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [NONE],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
 
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", not DEBUG)

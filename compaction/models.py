@@ -92,6 +92,9 @@ class SnapshotPage(models.Model):
             models.UniqueConstraint(fields=["record", "index"], name="snapshot_page_index")
         ]
 
+    def __str__(self) -> str:
+        return f"page {self.index} of {self.record_id}"
+
 
 class ModelCalibration(models.Model):
     """How much the provider's measured count exceeds Arbor's estimate, per model."""
@@ -102,6 +105,9 @@ class ModelCalibration(models.Model):
     # The window the provider reported in its last overflow error, if any.
     reported_limit = models.PositiveIntegerField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.model} ×{self.factor:.2f}"
 
 
 class JobState(models.TextChoices):
@@ -142,3 +148,6 @@ class CompactionJob(models.Model):
                 name="compaction_job_open_unique",
             )
         ]
+
+    def __str__(self) -> str:
+        return f"job {self.id} ({self.state})"

@@ -257,3 +257,90 @@ def message_count(*, conversation: Conversation) -> int:
 
 def checkpoint_list(*, conversation: Conversation) -> QuerySet[Checkpoint]:
     return Checkpoint.objects.filter(conversation=conversation).order_by("created_at", "id")
+
+
+# --- browser UI reads ----------------------------------------------------------------
+
+_LATEST_LEAF_SQL = """
+WITH RECURSIVE sub(id) AS (
+    SELECT id FROM {table} WHERE id = %s AND conversation_id = %s
+    UNION ALL
+    SELECT m.id FROM {table} m JOIN sub s ON m.parent_id = s.id
+)
+SELECT m.id FROM {table} m JOIN sub ON m.id = sub.id
+WHERE NOT EXISTS (
+    SELECT 1 FROM {table} c WHERE c.conversation_id = m.conversation_id AND c.parent_id = m.id
+)
+ORDER BY m.created_at DESC, m.id DESC
+LIMIT 1
+"""
+
+
+def message_latest_leaf(*, conversation_id: uuid.UUID, message_id: uuid.UUID) -> uuid.UUID | None:
+    """The most recently created leaf in the subtree below (and including) a message, in
+    one query: where ``◀ n/m ▶`` lands, so choosing a sibling resumes its newest branch."""
+    sql = _LATEST_LEAF_SQL.format(table=Message._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [_db_uuid(message_id), _db_uuid(conversation_id)])
+        row = cursor.fetchone()
+    return uuid.UUID(str(row[0])) if row else None
+
+
+@dataclass(frozen=True)
+class SkeletonNode:
+    id: uuid.UUID
+    parent_id: uuid.UUID | None
+    role: str
+    origin: str
+    depth: int
+
+
+def tree_skeleton(*, conversation: Conversation) -> list[SkeletonNode]:
+    """Every message of the conversation without its contents, in creation order (so a
+    parent's children come out oldest first): one query, cheap even at 10,000 nodes."""
+    rows = (
+        Message.objects.filter(conversation=conversation)
+        .order_by("created_at", "id")
+        .values_list("id", "parent_id", "role", "origin", "depth")
+    )
+    return [SkeletonNode(*row) for row in rows]
+
+
+def message_previews(
+    *, conversation: Conversation, ids: list[uuid.UUID], limit: int = 80
+) -> dict[uuid.UUID, str]:
+    """One-line previews of some messages of a conversation, in one query."""
+    rows = Message.objects.filter(conversation=conversation, pk__in=ids).values_list("id", "parts")
+    return {mid: preview(parts, limit) for mid, parts in rows}
+
+
+def fork_origins(*, user: User, message_ids: list[uuid.UUID]) -> dict[uuid.UUID, Conversation]:
+    """For fork provenance: the conversation each of these (forked-from) messages belongs
+    to, limited to the user's own conversations."""
+    messages = Message.objects.filter(
+        pk__in=message_ids, conversation__owner_id=user.pk
+    ).select_related("conversation")
+    return {m.pk: m.conversation for m in messages}
+
+
+def sibling_positions(
+    *, conversation: Conversation, messages: list[Message]
+) -> dict[uuid.UUID, Siblings]:
+    """``message_siblings`` for many messages of one path, in one query (the chat view's
+    ``◀ n/m ▶``); only messages that have siblings are in the answer."""
+    parents = {m.parent_id for m in messages if m.parent_id is not None}
+    rows = (
+        Message.objects.filter(conversation=conversation)
+        .filter(Q(parent_id__in=parents) | Q(parent__isnull=True))
+        .order_by("created_at", "id")
+        .values_list("id", "parent_id")
+    )
+    by_parent: dict[uuid.UUID | None, list[uuid.UUID]] = {}
+    for mid, pid in rows:
+        by_parent.setdefault(pid, []).append(mid)
+    out: dict[uuid.UUID, Siblings] = {}
+    for m in messages:
+        ids = by_parent.get(m.parent_id, [])
+        if len(ids) > 1 and m.id in ids:
+            out[m.id] = Siblings(ids=ids, index=ids.index(m.id))
+    return out

@@ -720,3 +720,10 @@ def api_token_user(*, secret: str) -> User | None:
     if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
     return token.user
+
+
+def api_token_revoke(*, user: User, token_id: int) -> None:
+    """Delete one of the user's tokens; another user's id is NotFound."""
+    deleted, _ = ApiToken.objects.filter(pk=token_id, user=user).delete()
+    if not deleted:
+        raise NotFound(f"no such token: {token_id}")

@@ -37,6 +37,7 @@ from conversations.models import (
     CheckpointState,
     Conversation,
     Message,
+    Origin,
     TurnAttempt,
 )
 from conversations.parts import DraftMessage, clean_messages
@@ -190,12 +191,16 @@ def turn_events(
     parent_id: Any = _AT_TIP,
     model: str = "",
     retry_of: TurnAttempt | None = None,
+    origin: str = Origin.TURN,
 ) -> Iterator[dict[str, Any]]:
     """Run one chat turn, yielding events as they happen; the last event is ``done``
     (with the persisted ids) or ``error``. Bad input raises before anything is written.
 
-    ``parts=None`` continues from ``parent_id`` without a new user message (the retry of
-    a turn that failed after the model rewound: its digest is already the last message).
+    ``parts=None`` continues from ``parent_id`` without a new user message: a
+    regenerated answer (``origin="regenerate"``), or the retry of a turn that failed
+    after the model rewound (its digest is already the last message). ``origin`` marks
+    the turn's first message: ``edit`` for an edited prompt, ``regenerate`` for a new
+    answer to the same prompt.
     """
     user_parts = _clean_input(parts, conversation.owner_id) if parts is not None else []
     model_id = model or conversation.model or settings.ARBOR_DEFAULT_MODEL
@@ -328,6 +333,8 @@ def turn_events(
                 DraftMessage(role=m["role"], parts=m["parts"], metadata=m.get("metadata", {}))
                 for m in turn
             ],
+            # After a rewind the turn continues below the digest: an ordinary turn.
+            origin=Origin.TURN if persisted else origin,
         )
         _attempt_finish(attempt, status=AttemptStatus.COMPLETED, tip=result.tip)
         finished = True

@@ -7,5 +7,23 @@ from conversations import views
 app_name = "conversations"
 urlpatterns = [
     path("", views.conversation_list, name="list"),
+    path("new/", views.conversation_new, name="new"),
     path("c/<str:cid>/", views.conversation_detail, name="detail"),
+    path("c/<str:cid>/delete/", views.conversation_delete, name="delete"),
+    path("c/<str:cid>/send/", views.message_send, name="send"),
+    path("c/<str:cid>/tip/", views.tip_set, name="tip"),
+    path("c/<str:cid>/m/<str:mid>/edit/", views.message_edit, name="edit"),
+    path("c/<str:cid>/m/<str:mid>/regenerate/", views.message_regenerate, name="regenerate"),
+    path("c/<str:cid>/m/<str:mid>/select/", views.message_select, name="select"),
+    path("c/<str:cid>/m/<str:mid>/fork/", views.message_fork, name="fork"),
+    path("c/<str:cid>/tree/", views.tree, name="tree"),
+    path("c/<str:cid>/compare/", views.compare, name="compare"),
+    path("c/<str:cid>/checkpoints/", views.checkpoints, name="checkpoints"),
+    path("c/<str:cid>/rewind/", views.rewind, name="rewind"),
+    path("audit/", views.audit_list, name="audit"),
+    path("audit/<str:rid>/", views.audit_detail, name="audit_detail"),
+    path("audit/<str:rid>/blobs/<str:sha256>/", views.audit_blob, name="audit_blob"),
+    path("import/", views.import_page, name="import"),
+    path("settings/", views.settings_page, name="settings"),
+    path("settings/tokens/<int:token_id>/revoke/", views.token_revoke, name="token_revoke"),
 ]

@@ -1,43 +1,734 @@
-"""Server-rendered pages: a read-only look at the user's conversations and their current
-branch. Links are real hrefs, so the pages work without JavaScript."""
+"""The browser UI (DESIGN.md §7): server-rendered pages with HTMX fragments.
+
+Each screen is one template with inline partials; a view renders ``template#partial``
+for an HTMX request and the whole page otherwise (including htmx's history-restore
+requests, which must get a full page), and says ``Vary: HX-Request`` so a cache never
+hands one where the other was asked for. Views stay thin: look up through the owner-scoped
+selectors (another user's object is a 404 like a missing one), validate with a form, call
+one service.
+"""
 
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+import json
+import tempfile
+import uuid
+from collections import defaultdict
+from difflib import SequenceMatcher
+from pathlib import Path
+from typing import Any
 
-from conversations import selectors
-from conversations.errors import NotFound
+from django.contrib import messages as flash
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db.models import QuerySet
+from django.http import (
+    FileResponse,
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBase,
+    HttpResponseRedirect,
+)
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.cache import add_never_cache_headers, patch_vary_headers
+from django.utils.html import escape
+from django.utils.safestring import SafeString, mark_safe
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from compaction.models import CompactionRecord, SnapshotPage
+from conversations import forms, selectors, services, turns
+from conversations.errors import ArborError, NotFound, StaleVersion
+from conversations.importers import transcript_import
+from conversations.models import (
+    ApiToken,
+    Blob,
+    Checkpoint,
+    CheckpointState,
+    Conversation,
+    Message,
+    Origin,
+    Role,
+)
+from conversations.parts import image_blobs
+from conversations.streaming import event_stream
+from conversations.treemap import Item, Row, RunStub, TreeMap, shown_ids
+
+CHAT_WINDOW = 300  # messages the chat view shows before "show earlier"
+
+# --- helpers -------------------------------------------------------------------------
+
+
+def _fragment(request: HttpRequest) -> bool:
+    htmx = getattr(request, "htmx", None)
+    return bool(htmx) and not htmx.history_restore_request  # type: ignore[union-attr]
+
+
+def _render(
+    request: HttpRequest,
+    template: str,
+    partial: str | None,
+    context: dict[str, Any],
+    status: int = 200,
+) -> HttpResponse:
+    name = f"{template}#{partial}" if partial and _fragment(request) else template
+    response = render(request, name, context, status=status)
+    patch_vary_headers(response, ["HX-Request"])
+    return response
+
+
+def _conversation(request: HttpRequest, cid: str) -> Conversation:
+    try:
+        return selectors.conversation_get(user=request.user, conversation_id=cid)
+    except NotFound:
+        raise Http404("no such conversation") from None
+
+
+def _message(conversation: Conversation, mid: str | uuid.UUID) -> Message:
+    try:
+        return Message.objects.get(pk=uuid.UUID(str(mid)), conversation=conversation)
+    except (ValueError, Message.DoesNotExist):
+        raise Http404("no such message") from None
+
+
+def _detail_url(conversation: Conversation, anchor: Any = None) -> str:
+    url = reverse("conversations:detail", args=[conversation.pk])
+    return f"{url}#msg-{anchor}" if anchor else url
+
+
+def _form_error(form: Any) -> HttpResponse:
+    errors = "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items())
+    return HttpResponse(errors or "bad input", status=400, content_type="text/plain")
+
+
+def _user(request: HttpRequest) -> User:
+    """The signed-in user (every view here is behind login_required)."""
+    assert isinstance(request.user, User)
+    return request.user
+
+
+def _require_staff(request: HttpRequest) -> None:
+    if not request.user.is_staff:
+        raise PermissionDenied("staff only")
+
+
+# --- conversation list ---------------------------------------------------------------
 
 
 @login_required
+@require_GET
 def conversation_list(request: HttpRequest) -> HttpResponse:
     q = request.GET.get("q", "").strip()[:200]
-    page = selectors.conversation_page(
-        user=request.user, q=q, cursor=request.GET.get("cursor") or None, limit=50
+    try:
+        page = selectors.conversation_page(
+            user=request.user, q=q, cursor=request.GET.get("cursor") or None, limit=50
+        )
+    except ArborError:
+        raise Http404("bad cursor") from None
+    origins = selectors.fork_origins(
+        user=request.user,
+        message_ids=[c.forked_from_id for c in page.items if c.forked_from_id],
     )
-    return render(
+    items = [{"c": c, "origin": origins.get(c.forked_from_id)} for c in page.items]
+    return _render(
         request,
         "conversations/list.html",
-        {"conversations": page.items, "next_cursor": page.next_cursor, "q": q},
+        "results",
+        {
+            "items": items,
+            "next_cursor": page.next_cursor,
+            "q": q,
+            "form": forms.ConversationForm(),
+        },
     )
 
 
 @login_required
-def conversation_detail(request: HttpRequest, cid: str) -> HttpResponse:
-    try:
-        conv = selectors.conversation_get(user=request.user, conversation_id=cid)
-    except NotFound:
-        return render(request, "404.html", status=404)
-    path = selectors.message_path(conversation_id=conv.pk, tip_id=conv.tip_id)
+@require_POST
+def conversation_new(request: HttpRequest) -> HttpResponse:
+    form = forms.ConversationForm(request.POST)
+    if not form.is_valid():
+        return _form_error(form)
+    conv = services.conversation_create(owner=_user(request), **form.cleaned_data)
+    return redirect(_detail_url(conv))
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def conversation_delete(request: HttpRequest, cid: str) -> HttpResponse:
+    conv = _conversation(request, cid)
+    if request.method == "POST":
+        services.conversation_delete(conversation=conv)
+        flash.success(request, f"Deleted “{conv.title or 'Untitled'}”.")
+        return redirect("conversations:list")
     return render(
         request,
-        "conversations/detail.html",
+        "conversations/delete.html",
+        {"conversation": conv, "message_count": selectors.message_count(conversation=conv)},
+    )
+
+
+# --- chat ----------------------------------------------------------------------------
+
+
+def _chat_context(request: HttpRequest, conv: Conversation, notice: str = "") -> dict[str, Any]:
+    path = selectors.message_path(conversation_id=conv.pk, tip_id=conv.tip_id)
+    earlier = 0
+    if len(path) > CHAT_WINDOW and not request.GET.get("all"):
+        earlier = len(path) - CHAT_WINDOW
+        path = path[earlier:]
+    siblings = selectors.sibling_positions(conversation=conv, messages=path)
+    checkpoints: dict[uuid.UUID, list[Checkpoint]] = defaultdict(list)
+    all_checkpoints = list(selectors.checkpoint_list(conversation=conv))
+    for cp in all_checkpoints:
+        checkpoints[cp.message_id].append(cp)
+    forks: dict[uuid.UUID, list[Conversation]] = defaultdict(list)
+    fork_list = list(selectors.conversation_forks(conversation=conv))
+    for f in fork_list:
+        if f.forked_from_id:
+            forks[f.forked_from_id].append(f)
+    rows = []
+    for m in path:
+        sib = siblings.get(m.id)
+        rows.append(
+            {
+                "m": m,
+                "sib": sib,
+                "sib_n": sib.index + 1 if sib else 0,
+                "prev": sib.ids[sib.index - 1] if sib and sib.index > 0 else None,
+                "next": sib.ids[sib.index + 1] if sib and sib.index + 1 < len(sib.ids) else None,
+                "others": [i for i in sib.ids if i != m.id][:3] if sib else [],
+                "checkpoints": checkpoints.get(m.id, []),
+                "forks": forks.get(m.id, []),
+            }
+        )
+    origin = None
+    if conv.forked_from_id:
+        origin = selectors.fork_origins(user=request.user, message_ids=[conv.forked_from_id]).get(
+            conv.forked_from_id
+        )
+    return {
+        "conversation": conv,
+        "rows": rows,
+        "earlier": earlier,
+        "tip": conv.tip_id,
+        "origin": origin,
+        "forks": fork_list,
+        "notice": notice,
+        "message_form": forms.MessageForm(),
+        "fork_form": forms.ForkForm(),
+    }
+
+
+@login_required
+@require_GET
+def conversation_detail(request: HttpRequest, cid: str) -> HttpResponse:
+    conv = _conversation(request, cid)
+    return _render(request, "conversations/detail.html", "chat", _chat_context(request, conv))
+
+
+def _wants_stream(request: HttpRequest) -> bool:
+    return "text/event-stream" in request.headers.get("Accept", "")
+
+
+def _turn(
+    request: HttpRequest,
+    conv: Conversation,
+    *,
+    parts: Any,
+    parent_id: Any,
+    origin: str = Origin.TURN,
+) -> HttpResponseBase:
+    """Run a chat turn: Server-Sent Events for static/arbor.js, or (without JavaScript)
+    run it to the end and show the conversation."""
+    events = turns.turn_events(conversation=conv, parts=parts, parent_id=parent_id, origin=origin)
+    try:
+        first = next(events)  # bad input raises here, before any stream starts
+    except ArborError as exc:
+        return HttpResponse(exc.detail, status=exc.status, content_type="text/plain")
+    if _wants_stream(request):
+
+        def produce() -> Any:
+            yield first
+            yield from events
+
+        return event_stream(request, produce)
+    for event in events:
+        if event["event"] == "error":
+            flash.error(request, f"The model failed: {event.get('detail', event['error'])}")
+    return redirect(_detail_url(conv))
+
+
+@login_required
+@require_POST
+def message_send(request: HttpRequest, cid: str) -> HttpResponseBase:
+    conv = _conversation(request, cid)
+    form = forms.MessageForm(request.POST)
+    if not form.is_valid():
+        return _form_error(form)
+    parent = form.cleaned_data["parent"] or conv.tip_id
+    if parent is not None:
+        parent = _message(conv, parent).pk
+    parts = [{"type": "text", "text": form.cleaned_data["text"]}]
+    return _turn(request, conv, parts=parts, parent_id=parent)
+
+
+@login_required
+@require_POST
+def message_edit(request: HttpRequest, cid: str, mid: str) -> HttpResponseBase:
+    """Edit a prompt: the new text becomes a sibling of the original, with a new answer."""
+    conv = _conversation(request, cid)
+    original = _message(conv, mid)
+    form = forms.EditForm(request.POST)
+    if not form.is_valid():
+        return _form_error(form)
+    if original.role != Role.USER:
+        return HttpResponse("only your own messages can be edited", status=400)
+    parts = [{"type": "text", "text": form.cleaned_data["text"]}]
+    return _turn(request, conv, parts=parts, parent_id=original.parent_id, origin=Origin.EDIT)
+
+
+@login_required
+@require_POST
+def message_regenerate(request: HttpRequest, cid: str, mid: str) -> HttpResponseBase:
+    """A new answer from the same point: a sibling of the original answer."""
+    conv = _conversation(request, cid)
+    original = _message(conv, mid)
+    if original.role != Role.ASSISTANT or original.parent_id is None:
+        return HttpResponse("only answers can be regenerated", status=400)
+    return _turn(request, conv, parts=None, parent_id=original.parent_id, origin=Origin.REGENERATE)
+
+
+@login_required
+@require_POST
+def message_select(request: HttpRequest, cid: str, mid: str) -> HttpResponse:
+    """``◀ n/m ▶``: move the tip to the newest leaf below the chosen message, so a
+    reload shows the same branch."""
+    conv = _conversation(request, cid)
+    chosen = _message(conv, mid)
+    form = forms.VersionForm(request.POST)
+    if not form.is_valid():
+        return _form_error(form)
+    leaf = selectors.message_latest_leaf(conversation_id=conv.pk, message_id=chosen.pk)
+    notice = ""
+    try:
+        services.tip_move(
+            conversation=conv,
+            message_id=leaf or chosen.pk,
+            expected_version=form.cleaned_data["version"],
+        )
+    except StaleVersion:
+        notice = "The conversation changed in another window; this is its current branch."
+    conv.refresh_from_db()
+    if not _fragment(request):
+        if notice:
+            flash.warning(request, notice)
+        return redirect(_detail_url(conv, chosen.pk))
+    response = _render(
+        request, "conversations/detail.html", "chat", _chat_context(request, conv, notice)
+    )
+    response["HX-Trigger"] = json.dumps({"arbor:tip-moved": {"message": str(chosen.pk)}})
+    return response
+
+
+@login_required
+@require_POST
+def tip_set(request: HttpRequest, cid: str) -> HttpResponse:
+    """Move the tip to exactly this message (the tree map): the next message branches
+    there."""
+    conv = _conversation(request, cid)
+    form = forms.TipForm(request.POST)
+    if not form.is_valid():
+        return _form_error(form)
+    target = _message(conv, form.cleaned_data["message"])
+    try:
+        services.tip_move(
+            conversation=conv, message_id=target.pk, expected_version=form.cleaned_data["version"]
+        )
+    except StaleVersion:
+        flash.warning(request, "The conversation changed meanwhile; the tip did not move.")
+        return redirect("conversations:tree", cid=conv.pk)
+    return redirect(_detail_url(conv, target.pk))
+
+
+@login_required
+@require_POST
+def message_fork(request: HttpRequest, cid: str, mid: str) -> HttpResponse:
+    conv = _conversation(request, cid)
+    message = _message(conv, mid)
+    form = forms.ForkForm(request.POST)
+    if not form.is_valid():
+        return _form_error(form)
+    fork = services.conversation_fork(
+        message=message,
+        owner=_user(request),
+        title=form.cleaned_data["title"],
+        scope=form.cleaned_data["scope"],
+    )
+    flash.success(request, f"Forked from “{conv.title or 'Untitled'}”.")
+    return redirect(_detail_url(fork))
+
+
+# --- checkpoints ---------------------------------------------------------------------
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def checkpoints(request: HttpRequest, cid: str) -> HttpResponse:
+    conv = _conversation(request, cid)
+    form = forms.CheckpointForm(request.POST or None)
+    status = 200
+    if request.method == "POST":
+        if form.is_valid():
+            try:
+                services.checkpoint_create(conversation=conv, label=form.cleaned_data["label"])
+            except ArborError as exc:
+                form.add_error("label", exc.detail)
+                status = 409 if exc.status == 409 else 400
+            else:
+                return redirect("conversations:checkpoints", cid=conv.pk)
+        else:
+            status = 400
+    conv.refresh_from_db()
+    items = list(selectors.checkpoint_list(conversation=conv).select_related("message"))
+    previews = selectors.message_previews(conversation=conv, ids=[cp.message_id for cp in items])
+    return render(
+        request,
+        "conversations/checkpoints.html",
         {
             "conversation": conv,
-            "path": path,
-            "forks": selectors.conversation_forks(conversation=conv),
-            "checkpoints": selectors.checkpoint_list(conversation=conv),
+            "form": form,
+            "live": [
+                (cp, previews.get(cp.message_id, ""))
+                for cp in items
+                if cp.state == CheckpointState.LIVE
+            ],
+            "dropped": [
+                (cp, previews.get(cp.message_id, ""))
+                for cp in items
+                if cp.state != CheckpointState.LIVE
+            ],
+            "rewind_form": forms.RewindForm(initial={"version": conv.version}),
+        },
+        status=status,
+    )
+
+
+@login_required
+@require_POST
+def rewind(request: HttpRequest, cid: str) -> HttpResponse:
+    conv = _conversation(request, cid)
+    form = forms.RewindForm(request.POST)
+    if not form.is_valid():
+        return _form_error(form)
+    try:
+        result = services.rewind(
+            conversation=conv,
+            label=form.cleaned_data["label"],
+            digest=form.cleaned_data["digest"] or None,
+            expected_version=form.cleaned_data["version"],
+        )
+    except ArborError as exc:
+        flash.error(request, exc.detail)
+        return redirect("conversations:checkpoints", cid=conv.pk)
+    flash.success(request, f"Rewound to “{form.cleaned_data['label']}”.")
+    return redirect(_detail_url(conv, result.digest_message))
+
+
+# --- tree map ------------------------------------------------------------------------
+
+
+def _tree_annotations(
+    conv: Conversation,
+) -> tuple[dict[uuid.UUID, list[Checkpoint]], dict[uuid.UUID, list[Conversation]]]:
+    cps: dict[uuid.UUID, list[Checkpoint]] = defaultdict(list)
+    for cp in selectors.checkpoint_list(conversation=conv):
+        cps[cp.message_id].append(cp)
+    forks: dict[uuid.UUID, list[Conversation]] = defaultdict(list)
+    for f in selectors.conversation_forks(conversation=conv):
+        if f.forked_from_id:
+            forks[f.forked_from_id].append(f)
+    return cps, forks
+
+
+def _decorate(
+    conv: Conversation,
+    tree: TreeMap,
+    items: list[Item],
+    cps: dict[uuid.UUID, list[Checkpoint]],
+    forks: dict[uuid.UUID, list[Conversation]],
+) -> list[dict[str, Any]]:
+    previews = selectors.message_previews(conversation=conv, ids=shown_ids(items))
+    out: list[dict[str, Any]] = []
+    for item in items:
+        if isinstance(item, RunStub):
+            out.append({"run": item})
+            continue
+        assert isinstance(item, Row)
+        mid = item.node.id
+        out.append(
+            {
+                "row": item,
+                "id": mid,
+                "preview": previews.get(mid, ""),
+                "on_path": mid in tree.path,
+                "is_tip": mid == tree.tip_id,
+                "checkpoints": cps.get(mid, []),
+                "forks": forks.get(mid, []),
+            }
+        )
+    return out
+
+
+@login_required
+@require_GET
+def tree(request: HttpRequest, cid: str) -> HttpResponse:
+    """The whole tree. ``?from=<id>`` is the fragment for an expanded branch and
+    ``?run=<id>&n=<count>`` for an expanded run of quiet messages."""
+    conv = _conversation(request, cid)
+    cps, forks = _tree_annotations(conv)
+    tree_map = TreeMap(
+        selectors.tree_skeleton(conversation=conv), conv.tip_id, set(cps) | set(forks)
+    )
+    template = "conversations/tree.html"
+    context: dict[str, Any] = {"conversation": conv}
+    if _fragment(request) and ("from" in request.GET or "run" in request.GET):
+        start = _parse_node(request.GET.get("from") or request.GET.get("run"), tree_map)
+        if "from" in request.GET:
+            items = tree_map.branch(start)
+            context["items"] = _decorate(conv, tree_map, items, cps, forks)
+            return _render(request, template, "branch", context)
+        try:
+            count = max(1, min(int(request.GET.get("n", "1")), len(tree_map.nodes)))
+        except ValueError:
+            raise Http404("bad count") from None
+        context["items"] = _decorate(conv, tree_map, tree_map.run(start, count), cps, forks)
+        return _render(request, template, "rows", context)
+    main, other_roots = tree_map.roots()
+    items = tree_map.branch(main) if main else []
+    context.update(
+        items=_decorate(conv, tree_map, items, cps, forks),
+        other_roots=other_roots,
+        node_count=len(tree_map.nodes),
+    )
+    return _render(request, template, None, context)
+
+
+def _parse_node(value: str | None, tree_map: TreeMap) -> uuid.UUID:
+    try:
+        mid = uuid.UUID(str(value))
+    except ValueError:
+        raise Http404("no such message") from None
+    if mid not in tree_map:
+        raise Http404("no such message")
+    return mid
+
+
+# --- compare -------------------------------------------------------------------------
+
+
+def _plain_text(message: Message) -> str:
+    bits: list[str] = []
+    for part in message.parts:
+        if part.get("type") == "text":
+            bits.append(part.get("text", ""))
+        elif part.get("type") == "tool_call":
+            bits.append(f"[call {part.get('name')}]")
+        elif part.get("type") == "tool_result":
+            bits.extend(p.get("text", "") for p in part.get("parts", []) if p.get("type") == "text")
+        elif part.get("type") == "image":
+            bits.append("[image]")
+    return "\n".join(bits)
+
+
+def word_diff(old: str, new: str) -> tuple[SafeString, SafeString]:
+    """Word-level diff (difflib): the old text with deletions marked, the new with
+    insertions marked. Every piece of text is escaped."""
+    a, b = old.split(), new.split()
+    left: list[str] = []
+    right: list[str] = []
+    for op, i1, i2, j1, j2 in SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        old_words, new_words = escape(" ".join(a[i1:i2])), escape(" ".join(b[j1:j2]))
+        if op == "equal":
+            left.append(old_words)
+            right.append(new_words)
+        else:
+            if old_words:
+                left.append(f"<del>{old_words}</del>")
+            if new_words:
+                right.append(f"<ins>{new_words}</ins>")
+    return mark_safe(" ".join(left)), mark_safe(" ".join(right))  # escaped above
+
+
+@login_required
+@require_GET
+def compare(request: HttpRequest, cid: str) -> HttpResponse:
+    conv = _conversation(request, cid)
+    chosen = [_message(conv, mid) for mid in request.GET.getlist("m")[:4]]
+    columns: list[dict[str, Any]] = []
+    if len(chosen) >= 2:
+        base = _plain_text(chosen[0])
+        for i, m in enumerate(chosen):
+            if i == 0:
+                text = escape(base)
+            else:
+                old, text = word_diff(base, _plain_text(m))
+                if i == 1:
+                    columns[0]["text"] = old
+            columns.append({"m": m, "text": text})
+    return render(
+        request,
+        "conversations/compare.html",
+        {"conversation": conv, "columns": columns, "version": conv.version},
+    )
+
+
+# --- compaction audit (staff) --------------------------------------------------------
+
+
+@login_required
+@require_GET
+def audit_list(request: HttpRequest) -> HttpResponse:
+    _require_staff(request)
+    form = forms.AuditFilterForm(request.GET or None)
+    records: QuerySet[CompactionRecord] = CompactionRecord.objects.select_related(
+        "conversation"
+    ).order_by("-created_at")
+    if form.is_valid():
+        data = form.cleaned_data
+        for name in ("status", "trigger", "model"):
+            if data[name]:
+                records = records.filter(**{name: data[name]})
+        if data["conversation"]:
+            records = records.filter(conversation_id=data["conversation"])
+    page = Paginator(records, 50).get_page(request.GET.get("page"))
+    return _render(request, "compaction/audit_list.html", "records", {"form": form, "page": page})
+
+
+def _record(request: HttpRequest, rid: str) -> CompactionRecord:
+    _require_staff(request)
+    try:
+        return CompactionRecord.objects.select_related("conversation", "anchor").get(
+            pk=uuid.UUID(str(rid))
+        )
+    except (ValueError, CompactionRecord.DoesNotExist):
+        raise Http404("no such record") from None
+
+
+@login_required
+@require_GET
+def audit_detail(request: HttpRequest, rid: str) -> HttpResponse:
+    record = _record(request, rid)
+    originals = selectors.message_path(
+        conversation_id=record.conversation_id, tip_id=record.anchor_id
+    )
+    return render(
+        request,
+        "compaction/audit_detail.html",
+        {
+            "record": record,
+            "originals": originals,
+            "view": record.view if isinstance(record.view, list) else [],
+            "pages": list(SnapshotPage.objects.filter(record=record).order_by("index")),
+            "rungs": record.rungs if isinstance(record.rungs, list) else [],
         },
     )
+
+
+@login_required
+@require_GET
+def audit_blob(request: HttpRequest, rid: str, sha256: str) -> FileResponse:
+    """A page image (or another image the record's view names), for staff: the blob
+    API only serves a blob to the users who uploaded it."""
+    record = _record(request, rid)
+    named = {p.blob_id for p in SnapshotPage.objects.filter(record=record)}
+    for message in record.view if isinstance(record.view, list) else []:
+        if isinstance(message, dict):
+            named.update(image_blobs(message.get("parts") or []))
+    blob = Blob.objects.filter(sha256=sha256).first() if sha256 in named else None
+    if blob is None:
+        raise Http404("no such page")
+    response = FileResponse(blob.file.open("rb"), content_type=blob.mime)
+    response["Cache-Control"] = "private, max-age=3600"
+    response["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+# --- import and settings -------------------------------------------------------------
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def import_page(request: HttpRequest) -> HttpResponse:
+    form = forms.ImportForm(request.POST or None, request.FILES or None)
+    report = None
+    error = ""
+    status = 200
+    if request.method == "POST":
+        if form.is_valid():
+            upload = form.cleaned_data["file"]
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / "upload"
+                with path.open("wb") as out:
+                    for chunk in upload.chunks():
+                        out.write(chunk)
+                try:
+                    report = transcript_import(
+                        owner_id=request.user.pk,
+                        path=path,
+                        format=form.cleaned_data["format"],
+                        filename=upload.name,
+                    )
+                except ArborError as exc:
+                    error, status = exc.detail, exc.status
+        else:
+            status = 400
+    return render(
+        request,
+        "conversations/import.html",
+        {"form": form, "report": report, "error": error},
+        status=status,
+    )
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def settings_page(request: HttpRequest) -> HttpResponse:
+    form = forms.TokenForm(request.POST or None)
+    secret = ""
+    status = 200
+    if request.method == "POST":
+        if form.is_valid():
+            _, secret = services.api_token_create(
+                user=_user(request),
+                name=form.cleaned_data["name"],
+            )
+            form = forms.TokenForm()
+        else:
+            status = 400
+    response = render(
+        request,
+        "conversations/settings.html",
+        {
+            "form": form,
+            "secret": secret,
+            "tokens": ApiToken.objects.filter(user=_user(request)).order_by("-created_at"),
+        },
+        status=status,
+    )
+    add_never_cache_headers(response)  # the secret is shown once: never from a cache
+    return response
+
+
+@login_required
+@require_POST
+def token_revoke(request: HttpRequest, token_id: int) -> HttpResponseRedirect:
+    try:
+        services.api_token_revoke(user=_user(request), token_id=token_id)
+    except NotFound:
+        raise Http404("no such token") from None
+    flash.success(request, "Token revoked.")
+    return redirect("conversations:settings")

@@ -53,6 +53,10 @@ class CeleryWorkerTests(TransactionTestCase):
         saved = dict(celery_app.conf)
         celery_app.conf.update(broker_url=BROKER, task_always_eager=False)
         self.addCleanup(celery_app.conf.update, saved)
+        # Connections and producers are pooled per app and keep the broker they were made
+        # with: start from fresh ones, and leave none behind for later tests.
+        self._reset_pools()
+        self.addCleanup(self._reset_pools)
         env = dict(child_env(), CELERY_BROKER_URL=BROKER)
         self.worker = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "arbor", "worker", "--pool", "solo",
@@ -62,6 +66,12 @@ class CeleryWorkerTests(TransactionTestCase):
         )  # fmt: skip
         self.addCleanup(self.worker.wait, 20)
         self.addCleanup(self.worker.terminate)
+
+    @staticmethod
+    def _reset_pools() -> None:
+        celery_app.pool.force_close_all()
+        celery_app._pool = None
+        celery_app.amqp._producer_pool = None
 
     def test_a_turn_over_the_threshold_is_compacted_by_a_worker(self) -> None:
         user = make_user("agent")
@@ -79,7 +89,8 @@ class CeleryWorkerTests(TransactionTestCase):
             if job.state in ("done", "failed"):
                 break
             if self.worker.poll() is not None or time.monotonic() > deadline:
-                output = self.worker.stdout.read().decode() if self.worker.stdout else ""
+                self.worker.kill()  # so that reading its output cannot block
+                output = self.worker.communicate(timeout=10)[0].decode()
                 raise AssertionError(f"the worker did not finish the job ({job.state}): {output}")
             time.sleep(0.2)
         assert job.state == "done", job.error

@@ -1,0 +1,81 @@
+"""Forms for the browser UI: input validation lives here, not in the views."""
+
+from __future__ import annotations
+
+from django import forms
+
+from compaction.models import RecordStatus, Trigger
+from conversations.importers import FORMATS
+from conversations.services import ForkScope
+
+
+class ConversationForm(forms.Form):
+    title = forms.CharField(max_length=200, required=False)
+    model = forms.CharField(max_length=200, required=False, help_text="Leave empty for default")
+    system_prompt = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), required=False)
+
+
+class MessageForm(forms.Form):
+    text = forms.CharField(max_length=200_000, strip=False, widget=forms.Textarea)
+    # The tip the user was looking at: the new message continues it.
+    parent = forms.UUIDField(required=False)
+
+    def clean_text(self) -> str:
+        text: str = self.cleaned_data["text"]
+        if not text.strip():
+            raise forms.ValidationError("Write something first.")
+        if "\x00" in text:
+            raise forms.ValidationError("The text contains a NUL character.")
+        return text
+
+
+class EditForm(MessageForm):
+    pass
+
+
+class VersionForm(forms.Form):
+    version = forms.IntegerField(min_value=0)
+
+
+class TipForm(VersionForm):
+    message = forms.UUIDField()
+
+
+class ForkForm(forms.Form):
+    scope = forms.ChoiceField(
+        choices=[(ForkScope.PATH, "Path to here"), (ForkScope.SUBTREE, "Everything below too")],
+        initial=ForkScope.PATH,
+        widget=forms.RadioSelect,
+    )
+    title = forms.CharField(max_length=200, required=False)
+
+
+class CheckpointForm(forms.Form):
+    label = forms.CharField(max_length=100)
+
+
+class RewindForm(VersionForm):
+    label = forms.CharField(max_length=100)
+    digest = forms.CharField(
+        max_length=100_000,
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="What was learned on the abandoned branch (optional; Arbor writes one "
+        "from the branch when empty)",
+    )
+
+
+class ImportForm(forms.Form):
+    file = forms.FileField()
+    format = forms.ChoiceField(choices=[("auto", "Detect")] + [(f, f) for f in FORMATS])
+
+
+class TokenForm(forms.Form):
+    name = forms.CharField(max_length=100)
+
+
+class AuditFilterForm(forms.Form):
+    status = forms.ChoiceField(choices=[("", "any status"), *RecordStatus.choices], required=False)
+    trigger = forms.ChoiceField(choices=[("", "any trigger"), *Trigger.choices], required=False)
+    model = forms.CharField(max_length=200, required=False)
+    conversation = forms.UUIDField(required=False)

@@ -1,0 +1,91 @@
+"""Message text to safe HTML: markdown-it-py (raw HTML off), Pygments for code, then nh3
+as the last word on what may reach the page.
+
+Images in markdown never load by themselves: a remote ``![alt](url)`` becomes a link the
+user may follow (an image URL is a way to exfiltrate the conversation to a third party).
+Uploaded images are separate ``image`` parts served from the blob store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
+
+import nh3
+from markdown_it import MarkdownIt
+from markdown_it.common.utils import escapeHtml
+from markdown_it.renderer import RendererHTML
+from markdown_it.token import Token
+from markdown_it.utils import EnvType, OptionsDict
+from pygments import highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import TextLexer, get_lexer_by_name
+from pygments.util import ClassNotFound
+
+_FORMATTER = HtmlFormatter(nowrap=True)
+
+ALLOWED_TAGS = {
+    "a", "p", "br", "hr", "em", "strong", "del", "s", "code", "pre", "span", "div",
+    "blockquote", "ul", "ol", "li", "h1", "h2", "h3", "h4", "h5", "h6",
+    "table", "thead", "tbody", "tr", "th", "td",
+}  # fmt: skip
+ALLOWED_ATTRIBUTES = {
+    "a": {"href", "title", "class"},
+    "code": {"class"},
+    "span": {"class"},
+    "div": {"class"},
+    "pre": {"class"},
+    "ol": {"start"},
+}
+URL_SCHEMES = {"http", "https", "mailto"}
+
+
+def _highlight(code: str, lang: str, _attrs: str) -> str:
+    try:
+        lexer = get_lexer_by_name(lang) if lang else TextLexer()
+    except ClassNotFound:
+        lexer = TextLexer()
+    return str(highlight(code, lexer, _FORMATTER))
+
+
+def _image_as_link(
+    self: RendererHTML, tokens: Sequence[Token], idx: int, options: OptionsDict, env: EnvType
+) -> str:
+    token = tokens[idx]
+    src = str(token.attrGet("src") or "")
+    alt = self.renderInlineAsText(token.children or [], options, env) or "image"
+    return f'<a href="{escapeHtml(src)}" class="remote-image">[image: {escapeHtml(alt)}]</a>'
+
+
+def _parser() -> MarkdownIt:
+    md = MarkdownIt("commonmark", {"html": False, "highlight": _highlight, "breaks": True})
+    md.enable(["table", "strikethrough"])
+    md.add_render_rule("image", _image_as_link)
+    return md
+
+
+_MD = _parser()
+
+
+def sanitize(html: str) -> str:
+    return nh3.clean(
+        html,
+        tags=ALLOWED_TAGS,
+        attributes=ALLOWED_ATTRIBUTES,
+        url_schemes=URL_SCHEMES,
+        link_rel="noopener noreferrer nofollow",
+    )
+
+
+@lru_cache(maxsize=4096)
+def render(text: str) -> str:
+    """Markdown → sanitised HTML. Cached: messages are immutable, so equal text always
+    renders the same."""
+    return sanitize(_MD.render(text))
+
+
+def pygments_css(selector: str = ".md pre") -> str:
+    """The stylesheet behind static/pygments.css (regenerate it with this)."""
+    css: Any = HtmlFormatter(style="default").get_style_defs(selector)
+    return str(css)

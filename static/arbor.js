@@ -1,0 +1,169 @@
+/* Arbor's browser behaviour: streamed chat turns and keyboard navigation.
+ * Loaded as a static file: the Content-Security-Policy forbids inline script. */
+(function () {
+  "use strict";
+
+  function csrfToken() {
+    try {
+      return JSON.parse(document.body.getAttribute("hx-headers") || "{}")["X-CSRFToken"] || "";
+    } catch (e) {
+      return "";
+    }
+  }
+
+  function bubble(role, text) {
+    var li = document.createElement("li");
+    li.className = "msg " + role + " live";
+    var body = document.createElement("div");
+    body.className = "live-text";
+    body.textContent = text || "";
+    li.appendChild(body);
+    return li;
+  }
+
+  function refreshChat() {
+    var chat = document.getElementById("chat");
+    if (chat && window.htmx) {
+      window.htmx.ajax("GET", chat.getAttribute("data-refresh-url"), {
+        target: "#chat",
+        swap: "outerHTML",
+      });
+    }
+  }
+
+  function handleEvent(block, answer, out) {
+    var name = "message";
+    var data = "";
+    block.split("\n").forEach(function (line) {
+      if (line.indexOf("event: ") === 0) name = line.slice(7);
+      else if (line.indexOf("data: ") === 0) data += line.slice(6);
+    });
+    var payload = {};
+    try {
+      payload = data ? JSON.parse(data) : {};
+    } catch (e) {
+      return;
+    }
+    if (name === "delta") {
+      out.textContent += payload.text || "";
+    } else if (name === "tool_call") {
+      var note = document.createElement("div");
+      note.className = "live-tool";
+      note.textContent = "⚙ " + (payload.name || "tool") + "…";
+      answer.appendChild(note);
+    } else if (name === "error") {
+      answer.classList.add("error");
+      out.textContent = "The turn failed: " + (payload.detail || payload.error || "error");
+    } else if (name === "done") {
+      answer.classList.add("done");
+    }
+  }
+
+  async function stream(form) {
+    var chat = document.getElementById("chat");
+    var path = document.getElementById("path");
+    if (!chat || !path || chat.classList.contains("streaming")) return;
+    var body = new FormData(form);
+    var text = form.elements.text ? form.elements.text.value : "";
+    // An edit or a regenerate replaces the message and everything after it.
+    var cut = form.getAttribute("data-cut") && document.getElementById(form.getAttribute("data-cut"));
+    while (cut) {
+      var next = cut.nextElementSibling;
+      cut.remove();
+      cut = next;
+    }
+    var empty = path.querySelector(".empty");
+    if (empty) empty.remove();
+    if (text) path.appendChild(bubble("user", text));
+    var answer = bubble("assistant", "");
+    answer.id = "live-answer";
+    answer.setAttribute("aria-live", "polite");
+    path.appendChild(answer);
+    var out = answer.firstChild;
+    chat.classList.add("streaming");
+    var ok = false;
+    try {
+      var response = await fetch(form.action, {
+        method: "POST",
+        body: body,
+        credentials: "same-origin",
+        headers: { "X-CSRFToken": csrfToken(), Accept: "text/event-stream" },
+      });
+      if (!response.ok) {
+        answer.classList.add("error");
+        out.textContent = await response.text();
+        return;
+      }
+      var reader = response.body.getReader();
+      var decoder = new TextDecoder();
+      var buffer = "";
+      for (;;) {
+        var chunk = await reader.read();
+        if (chunk.done) break;
+        buffer += decoder.decode(chunk.value, { stream: true });
+        var at;
+        while ((at = buffer.indexOf("\n\n")) >= 0) {
+          handleEvent(buffer.slice(0, at), answer, out);
+          buffer = buffer.slice(at + 2);
+        }
+      }
+      ok = answer.classList.contains("done");
+    } catch (e) {
+      answer.classList.add("error");
+      out.textContent += "\n[the connection was lost; reload to see what was saved]";
+    } finally {
+      chat.classList.remove("streaming");
+      // The saved turn, rendered (markdown, versions, actions), replaces the live text.
+      if (ok) refreshChat();
+    }
+  }
+
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (form instanceof HTMLFormElement && form.hasAttribute("data-stream")) {
+      event.preventDefault();
+      stream(form);
+    }
+  });
+
+  document.addEventListener("keydown", function (event) {
+    var target = event.target;
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey) && target.form && target.form.hasAttribute("data-stream")) {
+      event.preventDefault();
+      target.form.requestSubmit();
+      return;
+    }
+    if (event.altKey || event.ctrlKey || event.metaKey) return;
+    if (target.closest && target.closest("input, textarea, select, [contenteditable]")) return;
+    var messages = Array.prototype.slice.call(document.querySelectorAll("#path > .msg[data-id]"));
+    if (!messages.length) return;
+    var current = document.activeElement && document.activeElement.closest ? document.activeElement.closest("#path > .msg") : null;
+    var index = messages.indexOf(current);
+    if (event.key === "j" || event.key === "k") {
+      var to = event.key === "j" ? index + 1 : (index < 0 ? messages.length - 1 : index - 1);
+      to = Math.max(0, Math.min(messages.length - 1, to));
+      messages[to].focus();
+      event.preventDefault();
+    } else if (event.key === "[" || event.key === "]") {
+      // The selected message, else the last one that has other versions.
+      var msg = current;
+      if (!msg || !msg.querySelector(".siblings")) {
+        var withSiblings = messages.filter(function (m) { return m.querySelector(".siblings"); });
+        msg = withSiblings[withSiblings.length - 1];
+      }
+      if (!msg) return;
+      var button = msg.querySelector(event.key === "[" ? ".sib-prev" : ".sib-next");
+      if (button && !button.disabled) button.click();
+      event.preventDefault();
+    }
+  });
+
+  // After a version switch, keep the keyboard on the message that was switched.
+  document.body && document.body.addEventListener("arbor:tip-moved", function (event) {
+    var id = event.detail && event.detail.message;
+    setTimeout(function () {
+      var el = id && document.getElementById("msg-" + id);
+      if (el) el.focus();
+    }, 0);
+  });
+})();

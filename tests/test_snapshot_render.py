@@ -1,0 +1,425 @@
+"""The snapshot renderer (compaction/render): archived text drawn as packed bitmap pages.
+
+OCR checks need the ``tesseract`` CLI (apt-get install tesseract-ocr). Locally they skip
+with a message when it is missing; with CI=true a missing tesseract fails the run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import io
+import os
+import subprocess
+import sys
+import unicodedata
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from compaction.bench_render import SAMPLES, transcript_segments
+from compaction.render import (
+    DENSITIES,
+    LEGEND,
+    REQUEST_LIMITS,
+    Renderer,
+    Segment,
+    cache_key,
+    cer,
+    fits_unscaled,
+    ocr_cer,
+    page_profile,
+    readable,
+    render_pages,
+    tesseract_available,
+)
+from compaction.render.atlas import INVERT
+from conversations.providers.billing import BILLING_RULES, image_tokens
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Written for these tests: an agent transcript in the shape of the real ones (prose,
+# shell commands, tool output, code), so the OCR bound does not depend on sample files.
+AGENT_TRANSCRIPT = [
+    Segment(
+        "user",
+        "u1",
+        "The fork endpoint returns 500 when the source conversation has a checkpoint.\n"
+        "Can you find out why and fix it? Keep the change small.",
+    ),
+    Segment(
+        "assistant",
+        "a1",
+        "I'll start by reproducing the failure with the existing tests, then read the\n"
+        "service that copies the path.\n"
+        '{"command": "cd /home/dev/arbor && pytest -q tests/test_fork.py -x"}',
+    ),
+    Segment(
+        "tool",
+        "t1",
+        "F.....\n"
+        "FAILED tests/test_fork.py::test_it_copies_checkpoints - IntegrityError: NOT NULL\n"
+        "constraint failed: conversations_checkpoint.message_id\n"
+        "1 failed, 5 passed in 2.31s",
+    ),
+    Segment(
+        "assistant",
+        "a2",
+        "The copy creates checkpoints before the messages they point at exist. Reading\n"
+        "conversations/services.py around line 214:\n"
+        '{"path": "conversations/services.py", "offset": 200, "limit": 30}',
+    ),
+    Segment(
+        "tool",
+        "t2",
+        "200  def conversation_fork(*, conversation_id: int, message_id: int) -> Conversation:\n"
+        '201      """Copy the path ending at message_id into a new conversation."""\n'
+        "202      with transaction.atomic():\n"
+        "203          source = Conversation.objects.select_for_update().get(id=conversation_id)\n"
+        "204          path = selectors.path_to(message_id)\n"
+        "205          fork = Conversation.objects.create(owner=source.owner, title=source.title)\n"
+        "206          for checkpoint in source.checkpoints.all():\n"
+        "207              Checkpoint.objects.create(conversation=fork, message_id=None)\n"
+        "208          copies = {}\n"
+        "209          for message in path:\n"
+        "210              copies[message.id] = _copy_message(message, fork, copies)\n"
+        "211      return fork",
+    ),
+    Segment(
+        "assistant",
+        "a3",
+        "Found it: checkpoints are copied in the loop on line 206, before any message is\n"
+        "copied, so message_id is None. Moving the loop after the messages and mapping\n"
+        "each checkpoint through copies fixes it. Checkpoints on messages outside the\n"
+        "path are skipped, since the fork cannot point at them.",
+    ),
+    Segment(
+        "tool",
+        "t3",
+        "diff --git a/conversations/services.py b/conversations/services.py\n"
+        "@@ -203,9 +203,11 @@ def conversation_fork(*, conversation_id, message_id):\n"
+        "-        for checkpoint in source.checkpoints.all():\n"
+        "-            Checkpoint.objects.create(conversation=fork, message_id=None)\n"
+        "         copies = {}\n"
+        "         for message in path:\n"
+        "             copies[message.id] = _copy_message(message, fork, copies)\n"
+        "+        for checkpoint in source.checkpoints.filter(message_id__in=copies):\n"
+        "+            new_id = copies[checkpoint.message_id].id\n"
+        "+            Checkpoint.objects.create(conversation=fork, message_id=new_id)\n"
+        "6 passed in 2.05s",
+    ),
+    Segment(
+        "assistant",
+        "a4",
+        "All six fork tests pass now. The fix copies the messages first and then the\n"
+        "checkpoints that belong to the copied path; nothing else changed.",
+    ),
+]
+
+KOREAN = (
+    "긴 대화는 결국 컨텍스트 창의 한계에 부딪힙니다. 오래된 도구 결과는 생략하고,\n"
+    "이미지는 자리표시자로 바꾸고, 중간 부분은 픽셀 페이지로 남깁니다.\n"
+    "요약은 마지막 수단이며 모델 호출 한 번이 필요합니다. 똠방각하 쀍 햏 (드문 음절)\n"
+)
+MIXED = (
+    "naïve café — “quotes” ‘single’ … π≈3.14, ½ × 2 = 1, Ω, Ж, שלום, مرحبا\n"
+    "中文字符 日本語のテキスト カタカナ ひらがな 한국어\n"
+    "emoji 😀 👍🏽 ❤️, zero\u200bwidth, soft\u00adhyphen, bell \x07, escape \x1b[31mred\x1b[0m, "
+    "CRLF\r\n, private \ue000, NFD " + unicodedata.normalize("NFD", "한글") + ", tab\tend\n"
+    "combining e\u0301 and lone surrogate \ud800 and noncharacter \uffff"
+)
+
+SAMPLE_FILES = [
+    "text/000_f44600f37aa72e34.txt",
+    "pi/pi-mono__compact.jsonl",
+    "claude-code/claude-code-viewer__fe5e1c67-53e7-4862-81ae-d0e013e3270b.jsonl",
+    "claude-code/claude-code-log__dag_compact_after_rewind.jsonl",
+]
+
+
+def _require_tesseract(lang: str = "eng") -> None:
+    if tesseract_available(lang):
+        return
+    message = f"tesseract with the {lang!r} model is not installed (apt-get install tesseract-ocr)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI must install tesseract: {message}")
+    pytest.skip(f"OCR check skipped: {message}")
+
+
+def _sample_segments(name: str) -> list[Segment]:
+    path = SAMPLES / name
+    if not path.exists():
+        pytest.skip(f"sample file {path} is not present (set ARBOR_SAMPLES to its folder)")
+    if path.suffix == ".jsonl":
+        return transcript_segments(path)
+    return [Segment("user", "doc", path.read_text(encoding="utf-8"))]
+
+
+def _long_english(chars: int = 60_000) -> list[Segment]:
+    segments: list[Segment] = []
+    while sum(len(s.text) for s in segments) < chars:
+        n = len(segments)
+        segments += [Segment(s.role, f"{s.message_id}-{n}", s.text) for s in AGENT_TRANSCRIPT]
+    return segments
+
+
+# -- determinism and re-rendering ----------------------------------------------------------
+
+
+def test_it_renders_identical_bytes_for_identical_text() -> None:
+    first = render_pages(AGENT_TRANSCRIPT)
+    second = render_pages(list(AGENT_TRANSCRIPT))
+    fresh_a = Renderer("claude", "default").render(AGENT_TRANSCRIPT)
+    fresh_b = Renderer("claude", "default").render(AGENT_TRANSCRIPT)
+    pngs = [[page.png for page in result.pages] for result in (first, second, fresh_a, fresh_b)]
+    assert pngs[0] and all(p == pngs[0] for p in pngs)
+
+
+def test_it_renders_identical_bytes_in_a_fresh_process() -> None:
+    script = (
+        "import hashlib\n"
+        "from tests.test_snapshot_render import AGENT_TRANSCRIPT\n"
+        "from compaction.render import render_pages\n"
+        "pages = render_pages(AGENT_TRANSCRIPT).pages\n"
+        "print(hashlib.sha256(b''.join(p.png for p in pages)).hexdigest())\n"
+    )
+    # A new interpreter has a new string hash seed and empty glyph caches.
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    here = hashlib.sha256(b"".join(p.png for p in render_pages(AGENT_TRANSCRIPT).pages))
+    assert done.stdout.strip() == here.hexdigest()
+
+
+def test_it_takes_only_text_so_it_never_reads_old_pixels() -> None:
+    parameters = inspect.signature(render_pages).parameters
+    assert list(parameters) == ["segments", "rule", "density", "max_pages"]
+    assert {field for field in Segment.__dataclass_fields__} == {"role", "message_id", "text"}
+
+
+def test_it_draws_different_pages_after_a_settings_change() -> None:
+    default = render_pages(AGENT_TRANSCRIPT, density="default")
+    dense = render_pages(AGENT_TRANSCRIPT, density="dense")
+    gemini = render_pages(AGENT_TRANSCRIPT, rule="gemini")
+    assert default.settings != dense.settings != gemini.settings
+    assert default.pages[0].png != dense.pages[0].png
+    assert default.pages[0].png != gemini.pages[0].png
+    # The same text reaches the page whatever the settings.
+    assert default.pages[0].text == dense.pages[0].text == gemini.pages[0].text
+
+
+def test_it_keys_the_cache_on_text_and_settings() -> None:
+    key = cache_key(AGENT_TRANSCRIPT, rule="claude", density="default")
+    assert key == cache_key(list(AGENT_TRANSCRIPT), rule="claude", density="default")
+    assert key != cache_key(AGENT_TRANSCRIPT, rule="claude", density="dense")
+    assert key != cache_key(AGENT_TRANSCRIPT, rule="gemini", density="default")
+    edited = [*AGENT_TRANSCRIPT[:-1], Segment("assistant", "a4", "All six fork tests pass.")]
+    assert key != cache_key(edited, rule="claude", density="default")
+    # Field boundaries count: moving a character between role and text changes the key.
+    assert cache_key([Segment("ab", "1", "c")], rule="claude", density="default") != cache_key(
+        [Segment("a", "1", "bc")], rule="claude", density="default"
+    )
+
+
+# -- glyph coverage ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("density", list(DENSITIES))
+def test_it_draws_korean_and_mixed_text_without_missing_glyphs(density: str) -> None:
+    result = render_pages(
+        [Segment("user", "k1", KOREAN), Segment("assistant", "m1", MIXED)], density=density
+    )
+    assert result.missing_glyphs == 0
+    drawn = "".join(readable(row) for page in result.pages for row in page.drawn)
+    for word in (
+        "컨텍스트",
+        "똠방각하",
+        "쀍",
+        "한국어",
+        "中文字符",
+        "日本語",
+        "שלום",
+        "naïve",
+        "한글",
+    ):
+        assert word in drawn
+    # Escaped, each counted once: 😀 👍 🏽 (two code points) U+FE0F ZWSP soft hyphen BEL
+    # ESC x2 CR, private use, surrogate, noncharacter.
+    for label in ("U+1F600", "U+1F44D", "U+1F3FD", "U+FE0F", "U+200B", "U+00AD", "^G", "^[", "^M"):
+        assert label in drawn
+    assert result.substituted == 13
+
+
+def test_it_draws_every_hangul_syllable() -> None:
+    syllables = "".join(chr(cp) for cp in range(0xAC00, 0xD7A4))
+    result = render_pages([Segment("user", "h", syllables)])
+    assert result.missing_glyphs == 0 and result.substituted == 0
+    assert sum(page.chars for page in result.pages) == len(syllables)
+
+
+@pytest.mark.parametrize("name", SAMPLE_FILES)
+def test_it_draws_the_sample_files_without_missing_glyphs(name: str) -> None:
+    segments = _sample_segments(name)
+    for density in DENSITIES:
+        result = render_pages(segments, density=density)
+        assert result.missing_glyphs == 0
+        assert sum(page.chars for page in result.pages) == sum(
+            len(unicodedata.normalize("NFC", s.text)) for s in segments
+        )
+    if name.startswith("text/"):
+        assert result.substituted == 0
+
+
+# -- pages and billing -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("density", list(DENSITIES))
+@pytest.mark.parametrize("rule", BILLING_RULES)
+def test_it_sizes_pages_so_the_provider_never_resamples(rule: str, density: str) -> None:
+    segments = [*_long_english(), Segment("user", "k", KOREAN * 20)]
+    result = render_pages(segments, rule=rule, density=density)
+    profile = page_profile(rule, density)
+    limits = REQUEST_LIMITS[rule]
+    assert len(result.pages) >= 2
+    for page in result.pages:
+        assert fits_unscaled(rule, page.width, page.height)
+        assert page.billed_tokens == image_tokens(rule, page.width, page.height)
+        assert page.width == profile.width and page.height <= profile.height
+        assert page.height % profile.height_step == 0
+        assert len(page.png) <= limits.max_image_bytes
+        assert max(page.width, page.height) <= limits.edge_limit(len(result.pages))
+        with Image.open(io.BytesIO(page.png)) as image:
+            assert image.format == "PNG" and image.mode == "1"
+            assert image.size == (page.width, page.height)
+        for top, height in page.row_boxes:
+            assert top + height <= page.height
+            if profile.band:  # no row straddles a provider tile edge
+                assert top // profile.band == (top + height - 1) // profile.band
+    # Full pages cost what the profile says.
+    assert result.pages[0].billed_tokens == profile.full_page_tokens
+
+
+def test_it_exposes_request_limits_as_data() -> None:
+    claude = REQUEST_LIMITS["claude"]
+    assert claude.max_image_bytes == 5 * 1024 * 1024
+    assert claude.max_request_bytes == 32 * 1024 * 1024
+    assert claude.max_images == 100
+    assert claude.edge_limit(20) == 8000
+    assert claude.edge_limit(21) == 2000
+    assert set(REQUEST_LIMITS) == set(BILLING_RULES)
+
+
+def test_it_chooses_billing_optimal_full_pages() -> None:
+    claude = page_profile("claude")
+    assert (claude.width, claude.height) == (952, 1204)  # 34 x 43 patches, 1.146 MP
+    assert claude.full_page_tokens == 1462
+    assert not fits_unscaled("claude", 1092, 1092)  # 1.19 MP: Claude would scale it
+    assert page_profile("openai-tile").full_page_tokens == 765
+    assert page_profile("openai-patch").full_page_tokens == 1536
+    assert page_profile("gemini").full_page_tokens == 516
+
+
+def test_it_stops_at_max_pages() -> None:
+    segments = _long_english(120_000)
+    full = render_pages(segments)
+    capped = render_pages(segments, max_pages=2)
+    assert len(full.pages) > 2 and not full.truncated
+    assert len(capped.pages) == 2 and capped.truncated
+    assert [p.png for p in capped.pages] == [p.png for p in full.pages[:2]]
+    with pytest.raises(ValueError):
+        render_pages(segments, max_pages=0)
+
+
+def test_it_rejects_unknown_rules_and_densities() -> None:
+    with pytest.raises(ValueError, match="billing rule"):
+        render_pages(AGENT_TRANSCRIPT, rule="dall-e")
+    with pytest.raises(ValueError, match="density"):
+        render_pages(AGENT_TRANSCRIPT, density="huge")
+
+
+# -- layout: marks, headers, text per page ---------------------------------------------------
+
+
+def test_it_marks_newlines_and_tabs_instead_of_breaking_rows() -> None:
+    text = "line one\nline two\n\tindented\nlast"
+    result = render_pages([Segment("user", "u1", text)])
+    (page,) = result.pages
+    assert len(page.drawn) == 1  # four lines of source text share one row
+    row = page.drawn[0]
+    assert row.count("\n") == 3 and row.count("\t") == 1
+    assert readable(row).endswith("line one↵line two↵▸indented↵last")
+    assert "↵" in LEGEND and "▸" in LEGEND
+
+
+def test_it_starts_each_message_with_an_inverted_role_and_id_header() -> None:
+    segments = [
+        Segment("user", "3f2a1b2c-9d8e-4f00-a1b2-c3d4e5f60718", "hello"),
+        Segment("assistant", "msg_02", "hi there"),
+    ]
+    (page,) = render_pages(segments).pages
+    row = page.drawn[0]
+    inverted = "".join(chr(ord(c) - INVERT) if ord(c) >= INVERT else "|" for c in row)
+    assert " user 3f2a1b2c… " in inverted and " assistant msg_02 " in inverted
+    assert readable(row) == " user 3f2a1b2c… hello assistant msg_02 hi there"
+    assert page.first_message_id == segments[0].message_id
+    assert page.last_message_id == "msg_02"
+    assert page.text == (
+        "── user 3f2a1b2c-9d8e-4f00-a1b2-c3d4e5f60718 ──\nhello\n── assistant msg_02 ──\nhi there"
+    )
+    assert page.chars == len("hello") + len("hi there")
+
+
+def test_it_splits_long_text_across_pages_without_losing_a_character() -> None:
+    segments = _long_english(150_000)
+    result = render_pages(segments)
+    profile = page_profile("claude")
+    assert len(result.pages) >= 3
+    assert sum(page.chars for page in result.pages) == sum(len(s.text) for s in segments)
+    for page in result.pages:
+        for row in page.drawn:
+            assert len(row) * profile.cell_width <= profile.width  # all-Latin rows
+    # A message cut by a page break continues on the next page.
+    assert result.pages[1].first_message_id == result.pages[0].last_message_id or (
+        result.pages[1].text.startswith("── ")
+    )
+
+
+def test_it_wraps_rows_at_spaces_near_the_edge() -> None:
+    words = " ".join(f"word{i:04d}" for i in range(400))
+    (page,) = render_pages([Segment("user", "u", words)]).pages
+    for row in page.drawn[:-1]:
+        assert readable(row).endswith(" ")  # no word is cut in two
+
+
+# -- legibility ------------------------------------------------------------------------------
+
+
+def test_it_scores_ocr_text_by_character_error_rate() -> None:
+    assert cer("hello world", "hello world") == 0.0
+    assert cer("hello world", "helloworld") == 0.0  # whitespace is ignored
+    assert cer("abcd", "abxd") == pytest.approx(0.25)
+    # Characters tesseract cannot output (marks, backtick) match one character or none.
+    assert cer("a↵b `c`", "a4b 'c'") == 0.0
+    assert cer("a↵b", "ab") == 0.0
+    # Long runs of one character count as three.
+    assert cer("x" + "=" * 40 + "y", "x==y") == pytest.approx(1 / 5)
+
+
+def test_it_reads_back_english_pages_with_tesseract() -> None:
+    _require_tesseract("eng")
+    result = render_pages(_long_english(12_000))
+    rates = [ocr_cer(page) for page in result.pages]
+    assert all(rate is not None for rate in rates)
+    # Measured 2.5% here (tesseract 5.3.0); the pi transcript averages 2.9% (bench_render).
+    assert max(r for r in rates if r is not None) <= 0.03
+
+
+def test_it_bills_english_three_times_and_korean_five_times_fewer_tokens() -> None:
+    english = _long_english(200_000)
+    pages = render_pages(english).pages
+    english_text_tokens = sum(len(s.text) for s in english) / 4
+    assert english_text_tokens / sum(p.billed_tokens for p in pages) >= 3.0
+    korean = [Segment("user", f"k{i}", KOREAN * 6) for i in range(40)]
+    pages = render_pages(korean).pages
+    korean_text_tokens = sum(len(s.text) for s in korean)  # ~1 token per Hangul character
+    assert korean_text_tokens / sum(p.billed_tokens for p in pages) >= 5.0
