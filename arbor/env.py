@@ -77,8 +77,9 @@ def database_from_url(url: str, *, base_dir: Path) -> dict[str, Any]:
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": str(name),
             # A file, not Django's default in-memory test database, so that tests can run
-            # a turn in a real subprocess (and kill it) against the same database.
-            "TEST": {"NAME": str(base_dir / "var" / "test-arbor.sqlite3")},
+            # a turn in a real subprocess (and kill it) against the same database; one
+            # per test process, so two runs side by side never share it.
+            "TEST": {"NAME": str(base_dir / "var" / f"test-arbor-{os.getpid()}.sqlite3")},
             # Wait for a writer instead of failing at once with "database is locked".
             "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
         }

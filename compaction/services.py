@@ -7,9 +7,10 @@ message they cover. The tree is never rewritten (DESIGN.md invariant 8).
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from functools import partial
@@ -107,12 +108,40 @@ def model_budget(spec: ModelSpec, reported_limit: int | None = None) -> int:
 # --- renderer and summariser ---------------------------------------------------------
 
 
-def renderer_for(spec: ModelSpec) -> Callable[..., Any] | None:
-    if not spec.vision:
-        return None
-    from compaction.render import render_pages
+class CapturingRenderer:
+    """The renderer for a model's billing rule, keeping the pages it drew (by PNG hash)
+    so legibility can be measured on the very pages the model will see."""
 
-    return partial(render_pages, rule=spec.image_billing)
+    def __init__(self, rule: str) -> None:
+        from compaction.render import render_pages
+
+        self.render = partial(render_pages, rule=rule)
+        self.pages: dict[str, Any] = {}
+
+    def __call__(self, segments: Any, **options: Any) -> Any:
+        result = self.render(segments, **options)
+        for page in result.pages:
+            self.pages[hashlib.sha256(page.png).hexdigest()] = page
+        return result
+
+
+def renderer_for(spec: ModelSpec) -> CapturingRenderer | None:
+    return CapturingRenderer(spec.image_billing) if spec.vision else None
+
+
+def pages_measure_ocr(*, record: CompactionRecord, render: CapturingRenderer | None) -> None:
+    """Store tesseract's character error rate on each page of the record (slow: about a
+    second a page, so jobs do it, not requests). Without tesseract nothing is stored."""
+    if render is None:
+        return
+    from compaction.render import ocr_cer
+
+    for page in record.pages.all():
+        drawn = render.pages.get(page.blob_id)
+        if drawn is not None:
+            value = ocr_cer(drawn)
+            if value is not None:
+                SnapshotPage.objects.filter(pk=page.pk).update(ocr_cer=value)
 
 
 @dataclass
@@ -190,6 +219,7 @@ def context_build(
     budget: int | None = None,
     trigger: str = Trigger.MANUAL,
     allow_summary: bool = True,
+    measure_ocr: bool = False,
 ) -> ContextResult:
     """What the model sees for the path to ``tip_id``: the path itself when it fits,
     else a reusable record's view plus what follows it, else the ladder's result
@@ -232,6 +262,7 @@ def context_build(
         anchor_id=tip_id,
         trigger=trigger,
         summarize=Summarizer(spec) if allow_summary else None,
+        measure_ocr=measure_ocr,
     )
     return ContextResult(
         compacted if record.status == RecordStatus.READY else messages,
@@ -253,6 +284,7 @@ def compaction_run(
     trigger: str,
     summarize: Summarizer | None,
     overflow: tuple[int | None, int | None] | None = None,
+    measure_ocr: bool = False,
 ) -> tuple[CompactionRecord, list[dict[str, Any]]]:
     """Run the ladder and keep the result as a record; also return the compacted
     messages (including any not yet persisted, named ``pending:…``, which the stored
@@ -334,6 +366,8 @@ def compaction_run(
             if part.get("type") == "image" and "snapshot_page" in part
         ]
         SnapshotPage.objects.bulk_create(pages)
+    if measure_ocr:
+        pages_measure_ocr(record=record, render=render)
     return record, list(compacted.messages)
 
 
@@ -420,6 +454,7 @@ def job_run(*, job: CompactionJob) -> CompactionRecord | None:
             spec=spec,
             tip_id=job.anchor_id,
             trigger=job.trigger,
+            measure_ocr=True,
         )
     except Exception as exc:
         CompactionJob.objects.filter(pk=job.pk).update(

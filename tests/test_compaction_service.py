@@ -11,11 +11,15 @@ from unittest import mock
 import pytest
 from django.test import Client, TestCase
 
+from compaction import services as compaction
+from compaction.ladder import ContextView
 from compaction.models import CompactionRecord, ModelCalibration
+from compaction.render import tesseract_available
 from conversations import services
 from conversations.models import Conversation, Message
 from conversations.providers import resolve_model
 from conversations.providers.fake import FakeLLMServer, Step
+from conversations.turns import transcript_for_model
 from tests.builders import grow, make_user, text
 from tests.fake_models import serve_fake_models
 
@@ -25,9 +29,13 @@ FAKE = FakeLLMServer(context_window=4000)
 LIAR: dict[str, object] = {"context_window": 8000, "max_output": 256, "vision": False}
 
 
+# A vision model billed like Claude, with room for a few snapshot pages.
+VISION: dict[str, object] = {"context_window": 12000, "max_output": 256, "vision": True}
+
+
 @pytest.fixture(scope="module", autouse=True)
 def fake_provider() -> Iterator[FakeLLMServer]:
-    with serve_fake_models(FAKE, extra={"openai/liar": LIAR}) as server:
+    with serve_fake_models(FAKE, extra={"openai/liar": LIAR, "openai/vision": VISION}) as server:
         yield server
 
 
@@ -180,3 +188,43 @@ class ReactiveTests(TestCase):
             "log line ok" in json.dumps(m.parts)
             for m in Message.objects.filter(conversation=conv, role="tool")
         )
+
+
+class SnapshotJobTests(TestCase):
+    def test_a_job_renders_pages_from_the_originals_and_measures_them(self) -> None:
+        user = make_user()
+        conv = services.conversation_create(owner=user, title="agent", model="openai/vision")
+        # Error results are eventful: elision cannot help, pages must.
+        grow(conv, 40, result_chars=1200, error=True)
+        with self.captureOnCommitCallbacks(execute=True):
+            job = compaction.job_enqueue(
+                conversation=conv, anchor_id=conv.tip_id, model_id="openai/vision",
+                trigger="proactive",
+            )  # fmt: skip
+        assert job is not None
+        job.refresh_from_db()
+        assert job.state == "done", job.error
+        record = CompactionRecord.objects.get(pk=job.record_id)
+        assert [r["rung"] for r in record.rungs][-1] == "snapshot", record.rungs
+        assert record.model_calls == 0 and record.tokens_after <= record.budget_tokens
+        pages = list(record.pages.all())
+        assert pages
+        for page in pages:
+            assert page.blob.mime == "image/png" and page.billed_tokens > 0
+            assert page.blob.owners.filter(pk=user.pk).exists()
+            if tesseract_available():
+                assert page.ocr_cer is not None and page.ocr_cer < 0.1
+        # Re-rendering the same originals gives the same pages: same blobs.
+        again, _ = compaction.compaction_run(
+            conversation=conv,
+            spec=resolve_model("openai/vision"),
+            view=ContextView.build(
+                transcript_for_model(conversation=conv, tip_id=conv.tip_id)[0],
+                budget_tokens=record.budget_tokens,
+                model=compaction.model_info(resolve_model("openai/vision")),
+            ),
+            anchor_id=conv.tip_id,
+            trigger="manual",
+            summarize=None,
+        )
+        assert [p.blob_id for p in again.pages.all()] == [p.blob_id for p in pages]
