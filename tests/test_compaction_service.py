@@ -196,6 +196,7 @@ class SnapshotJobTests(TestCase):
         conv = services.conversation_create(owner=user, title="agent", model="openai/vision")
         # Error results are eventful: elision cannot help, pages must.
         grow(conv, 40, result_chars=1200, error=True)
+        assert conv.tip_id is not None
         with self.captureOnCommitCallbacks(execute=True):
             job = compaction.job_enqueue(
                 conversation=conv, anchor_id=conv.tip_id, model_id="openai/vision",
@@ -204,6 +205,7 @@ class SnapshotJobTests(TestCase):
         assert job is not None
         job.refresh_from_db()
         assert job.state == "done", job.error
+        assert job.record_id is not None
         record = CompactionRecord.objects.get(pk=job.record_id)
         assert [r["rung"] for r in record.rungs][-1] == "snapshot", record.rungs
         assert record.model_calls == 0 and record.tokens_after <= record.budget_tokens
