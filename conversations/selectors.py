@@ -344,3 +344,20 @@ def sibling_positions(
         if len(ids) > 1 and m.id in ids:
             out[m.id] = Siblings(ids=ids, index=ids.index(m.id))
     return out
+
+
+def rewind_digests(*, conversation: Conversation) -> dict[uuid.UUID, dict[str, Any]]:
+    """Each rewind's digest message: the checkpoint label and the abandoned branch's tip
+    (as a UUID when it is a message of this conversation), in one query."""
+    out: dict[uuid.UUID, dict[str, Any]] = {}
+    rows = Message.objects.filter(conversation=conversation, origin="digest").values_list(
+        "id", "metadata"
+    )
+    for mid, metadata in rows:
+        abandoned = metadata.get("abandoned_tip")
+        try:
+            abandoned_id = uuid.UUID(abandoned) if abandoned else None
+        except ValueError:
+            abandoned_id = None
+        out[mid] = {"label": metadata.get("checkpoint", ""), "abandoned_tip": abandoned_id}
+    return out

@@ -443,7 +443,11 @@ def rewind(request: HttpRequest, cid: str) -> HttpResponse:
 
 def _tree_annotations(
     conv: Conversation,
-) -> tuple[dict[uuid.UUID, list[Checkpoint]], dict[uuid.UUID, list[Conversation]]]:
+) -> tuple[
+    dict[uuid.UUID, list[Checkpoint]],
+    dict[uuid.UUID, list[Conversation]],
+    dict[uuid.UUID, dict[str, Any]],
+]:
     cps: dict[uuid.UUID, list[Checkpoint]] = defaultdict(list)
     for cp in selectors.checkpoint_list(conversation=conv):
         cps[cp.message_id].append(cp)
@@ -451,7 +455,7 @@ def _tree_annotations(
     for f in selectors.conversation_forks(conversation=conv):
         if f.forked_from_id:
             forks[f.forked_from_id].append(f)
-    return cps, forks
+    return cps, forks, selectors.rewind_digests(conversation=conv)
 
 
 def _decorate(
@@ -460,6 +464,7 @@ def _decorate(
     items: list[Item],
     cps: dict[uuid.UUID, list[Checkpoint]],
     forks: dict[uuid.UUID, list[Conversation]],
+    digests: dict[uuid.UUID, dict[str, Any]],
 ) -> list[dict[str, Any]]:
     previews = selectors.message_previews(conversation=conv, ids=shown_ids(items))
     out: list[dict[str, Any]] = []
@@ -478,6 +483,7 @@ def _decorate(
                 "is_tip": mid == tree.tip_id,
                 "checkpoints": cps.get(mid, []),
                 "forks": forks.get(mid, []),
+                "rewind": digests.get(mid),
             }
         )
     return out
@@ -489,9 +495,14 @@ def tree(request: HttpRequest, cid: str) -> HttpResponse:
     """The whole tree. ``?from=<id>`` is the fragment for an expanded branch and
     ``?run=<id>&n=<count>`` for an expanded run of quiet messages."""
     conv = _conversation(request, cid)
-    cps, forks = _tree_annotations(conv)
+    cps, forks, digests = _tree_annotations(conv)
+    # Marked nodes are never folded into a quiet run: checkpoints, forks, rewinds and
+    # the ends of the branches that rewinds abandoned.
+    abandoned = {d["abandoned_tip"] for d in digests.values() if d.get("abandoned_tip")}
     tree_map = TreeMap(
-        selectors.tree_skeleton(conversation=conv), conv.tip_id, set(cps) | set(forks)
+        selectors.tree_skeleton(conversation=conv),
+        conv.tip_id,
+        set(cps) | set(forks) | set(digests) | abandoned,
     )
     template = "conversations/tree.html"
     context: dict[str, Any] = {"conversation": conv}
@@ -499,18 +510,20 @@ def tree(request: HttpRequest, cid: str) -> HttpResponse:
         start = _parse_node(request.GET.get("from") or request.GET.get("run"), tree_map)
         if "from" in request.GET:
             items = tree_map.branch(start)
-            context["items"] = _decorate(conv, tree_map, items, cps, forks)
+            context["items"] = _decorate(conv, tree_map, items, cps, forks, digests)
             return _render(request, template, "branch", context)
         try:
             count = max(1, min(int(request.GET.get("n", "1")), len(tree_map.nodes)))
         except ValueError:
             raise Http404("bad count") from None
-        context["items"] = _decorate(conv, tree_map, tree_map.run(start, count), cps, forks)
+        context["items"] = _decorate(
+            conv, tree_map, tree_map.run(start, count), cps, forks, digests
+        )
         return _render(request, template, "rows", context)
     main, other_roots = tree_map.roots()
     items = tree_map.branch(main) if main else []
     context.update(
-        items=_decorate(conv, tree_map, items, cps, forks),
+        items=_decorate(conv, tree_map, items, cps, forks, digests),
         other_roots=other_roots,
         node_count=len(tree_map.nodes),
     )

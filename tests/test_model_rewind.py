@@ -225,3 +225,35 @@ class ModelRewindCrashTests(TransactionTestCase):
         tip = Message.objects.get(pk=outcome.tip)
         assert tip.parts == text("Back on track.")
         assert tip.parent.origin == "digest" and tip.parent.parent_id == first.tip
+
+
+class TreeMapMarksTests(TestCase):
+    def test_the_tree_map_marks_model_labels_and_each_rewind(self) -> None:
+        user = make_user("viewer")
+        conv = services.conversation_create(owner=user, title="run", checkpoint_tools=True)
+        services.turn_append(
+            conversation=conv,
+            parent_id=None,
+            expected_version=0,
+            messages=[
+                {"role": "user", "parts": text("task")},
+                {"role": "assistant", "parts": text("ok")},
+            ],
+        )
+        conv.refresh_from_db()
+        services.checkpoint_create(conversation=conv, label="base", source="model")
+        services.turn_append(
+            conversation=conv,
+            parent_id=conv.tip_id,
+            expected_version=None,
+            messages=[{"role": "user", "parts": text("explore")}],
+        )
+        conv.refresh_from_db()
+        explored_tip = conv.tip_id
+        result = services.rewind(conversation=conv, label="base", digest="nothing there")
+        self.client.force_login(user)
+        body = self.client.get(f"/c/{conv.pk}/tree/").content.decode()
+        assert "⚑ base (model)" in body
+        assert "↶ rewind to ⚑ base" in body
+        assert f'href="#node-{explored_tip}"' in body
+        assert f'id="node-{result.digest_message}"' in body
