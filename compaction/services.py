@@ -16,6 +16,7 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
@@ -115,11 +116,23 @@ class CapturingRenderer:
     def __init__(self, rule: str) -> None:
         from compaction.render import render_pages
 
+        self.rule = rule
         self.render = partial(render_pages, rule=rule)
         self.pages: dict[str, Any] = {}
 
     def __call__(self, segments: Any, **options: Any) -> Any:
-        result = self.render(segments, **options)
+        from compaction.render import cache_key
+
+        # Pages are cached by the hash of their text and settings (same key, same
+        # pixels): the ladder retries the snapshot with smaller tails, and branches
+        # below one point share a middle.
+        density = options.get("density", "default")
+        key = "render:" + cache_key(segments, rule=self.rule, density=density)
+        key += f":{options.get('max_pages')}"
+        result = cache.get(key)
+        if result is None:
+            result = self.render(segments, **options)
+            cache.set(key, result, timeout=3600)
         for page in result.pages:
             self.pages[hashlib.sha256(page.png).hexdigest()] = page
         return result

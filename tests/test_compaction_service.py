@@ -230,3 +230,19 @@ class SnapshotJobTests(TestCase):
             summarize=None,
         )
         assert [p.blob_id for p in again.pages.all()] == [p.blob_id for p in pages]
+
+
+class RenderCacheTests(TestCase):
+    def test_pages_are_cached_by_the_hash_of_their_text_and_settings(self) -> None:
+        from compaction.render import Segment, render_pages
+
+        renderer = compaction.CapturingRenderer("claude")
+        segments = [Segment("user", "m1", "the same archived text " * 50)]
+        with mock.patch.object(renderer, "render", wraps=renderer.render) as spy:
+            first = renderer(segments)
+            second = renderer(segments)
+            other = renderer([Segment("user", "m1", "different text " * 50)])
+        assert spy.call_count == 2  # the repeat came from the cache
+        assert [p.png for p in first.pages] == [p.png for p in second.pages]
+        assert [p.png for p in first.pages] == [p.png for p in render_pages(segments).pages]
+        assert other.pages[0].png != first.pages[0].png
