@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from compaction import services as compaction
 from compaction.ladder import ContextView
-from compaction.models import RecordStatus, Trigger
+from compaction.models import CompactionRecord, RecordStatus, Trigger
 from conversations import selectors, services
 from conversations.errors import ArborError, Conflict, InvalidInput, NotFound
 from conversations.models import (
@@ -240,7 +240,9 @@ def turn_events(
         tool_context = ToolContext(conversation=conversation)
         persisted: list[str] = []
         sent_from = 0  # turn messages before this index are inside ``history`` already
-        measured_record = context.record if context.record and context.reused else None
+        # The first request built from a compaction record tells the record what the
+        # provider really counted (shown in the audit next to the estimate).
+        measured_record = context.record if context.fits else None
         with make_provider(spec, load_blob=load_blob) as provider:
             for round_number in range(settings.ARBOR_MAX_TOOL_ROUNDS + 1):
                 # The last round offers no tools, so the turn ends on an answer.
@@ -271,7 +273,7 @@ def turn_events(
                         # Reactive compaction: the provider counted more than we did.
                         # Recalibrate, compact below its limit, and retry once; the
                         # rejected payload is never sent again unchanged.
-                        history = _compact_after_overflow(
+                        history, measured_record = _compact_after_overflow(
                             conversation, spec, parent_id, history, turn[sent_from:], overflow
                         )
                         sent_from = len(turn)
@@ -387,7 +389,7 @@ def _compact_after_overflow(
     history: list[dict[str, Any]],
     pending: list[dict[str, Any]],
     overflow: ContextOverflow,
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], CompactionRecord]:
     messages = history + [{**m, "id": f"{compaction.PENDING}{i}"} for i, m in enumerate(pending)]
     raw, _, _ = compaction.estimate_request(conversation=conversation, spec=spec, messages=messages)
     calibration = compaction.calibration_overflow(
@@ -416,7 +418,7 @@ def _compact_after_overflow(
     )
     if record.status != RecordStatus.READY:
         raise overflow
-    return compacted
+    return compacted, record
 
 
 def _learn(

@@ -172,6 +172,8 @@ class ReactiveTests(TestCase):
         assert calibration.reported_limit == 4000 and calibration.factor >= 1.0
         record = CompactionRecord.objects.get(conversation=conv, trigger="reactive")
         assert record.status == "ready" and [r["rung"] for r in record.rungs] == ["summary"]
+        # The provider's own count of the request built from the record is kept on it.
+        assert record.measured_next_tokens == log[-1].prompt_tokens
         # Summary only because nothing cheaper could help: every result was an error.
         summaries = after[: record.model_calls]
         assert len(summaries) == record.model_calls >= 1
