@@ -1,8 +1,11 @@
-"""Root pytest configuration: test runs need a SECRET_KEY but never a real one."""
+"""Root pytest configuration: test runs need a SECRET_KEY but never a real one, and a
+var/ folder for the SQLite test database (a fresh clone has none)."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("SECRET_KEY", "test-only-secret-key-not-for-production")
 os.environ.setdefault("SECURE_COOKIES", "0")
+(Path(__file__).resolve().parent / "var").mkdir(exist_ok=True)
