@@ -219,3 +219,33 @@ class TurnAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.id} {self.status}"
+
+
+class ImportState(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class ImportJob(models.Model):
+    """An uploaded transcript file being imported by a background job (a Celery worker,
+    or in-process without a broker); the upload page polls it for progress."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="import_jobs"
+    )
+    filename = models.CharField(max_length=255)
+    upload = models.FileField(upload_to="imports/")
+    format = models.CharField(max_length=32, default="auto")
+    state = models.CharField(max_length=16, choices=ImportState.choices, default=ImportState.QUEUED)
+    conversations_done = models.PositiveIntegerField(default=0)
+    messages_done = models.PositiveIntegerField(default=0)
+    report = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"import {self.filename} ({self.state})"

@@ -727,3 +727,60 @@ def api_token_revoke(*, user: User, token_id: int) -> None:
     deleted, _ = ApiToken.objects.filter(pk=token_id, user=user).delete()
     if not deleted:
         raise NotFound(f"no such token: {token_id}")
+
+
+# --- background imports --------------------------------------------------------------
+
+
+def import_job_create(*, owner: User, upload: Any, format: str = "auto") -> Any:
+    """Keep the uploaded file and queue its import after the transaction commits."""
+    from conversations.models import ImportJob
+    from conversations.tasks import run_import_job
+
+    job = ImportJob(owner=owner, filename=str(upload.name)[:255], format=format)
+    job.upload.save(f"{uuid.uuid4()}.upload", upload, save=False)
+    job.save()
+    transaction.on_commit(lambda: run_import_job.delay(str(job.pk)))
+    return job
+
+
+def import_job_run(*, job_id: Any) -> None:
+    """Claim the job (once, however often the task is delivered), import the file with
+    progress written to the row as each conversation lands, and keep the report."""
+    from conversations.importers import transcript_import
+    from conversations.models import ImportJob, ImportState
+
+    claimed = ImportJob.objects.filter(pk=job_id, state=ImportState.QUEUED).update(
+        state=ImportState.RUNNING
+    )
+    if not claimed:
+        return
+    job = ImportJob.objects.get(pk=job_id)
+
+    def progress(report: Any) -> None:
+        ImportJob.objects.filter(pk=job.pk).update(
+            conversations_done=F("conversations_done") + 1,
+            messages_done=F("messages_done") + (report.messages or 0),
+        )
+
+    try:
+        report = transcript_import(
+            owner_id=job.owner_id,
+            path=job.upload.path,
+            format=job.format,
+            filename=job.filename,
+            progress=progress,
+        )
+    except ArborError as exc:
+        ImportJob.objects.filter(pk=job.pk).update(state=ImportState.FAILED, error=exc.detail)
+        return
+    except Exception as exc:
+        ImportJob.objects.filter(pk=job.pk).update(
+            state=ImportState.FAILED, error=f"the import failed: {type(exc).__name__}"
+        )
+        raise
+    # The conversations hold everything now: the kept upload goes.
+    job.upload.delete(save=False)
+    ImportJob.objects.filter(pk=job.pk).update(
+        state=ImportState.DONE, report=report.as_dict(), upload=""
+    )

@@ -24,6 +24,7 @@ urlpatterns = [
     path("audit/<str:rid>/", views.audit_detail, name="audit_detail"),
     path("audit/<str:rid>/blobs/<str:sha256>/", views.audit_blob, name="audit_blob"),
     path("import/", views.import_page, name="import"),
+    path("import/<str:job_id>/", views.import_job, name="import_job"),
     path("settings/", views.settings_page, name="settings"),
     path("settings/tokens/<int:token_id>/revoke/", views.token_revoke, name="token_revoke"),
 ]

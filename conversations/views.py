@@ -11,11 +11,9 @@ one service.
 from __future__ import annotations
 
 import json
-import tempfile
 import uuid
 from collections import defaultdict
 from difflib import SequenceMatcher
-from pathlib import Path
 from typing import Any
 
 from django.contrib import messages as flash
@@ -42,13 +40,13 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from compaction.models import CompactionRecord, SnapshotPage
 from conversations import forms, selectors, services, turns
 from conversations.errors import ArborError, NotFound, StaleVersion
-from conversations.importers import transcript_import
 from conversations.models import (
     ApiToken,
     Blob,
     Checkpoint,
     CheckpointState,
     Conversation,
+    ImportJob,
     Message,
     Origin,
     Role,
@@ -675,36 +673,31 @@ def audit_blob(request: HttpRequest, rid: str, sha256: str) -> FileResponse:
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def import_page(request: HttpRequest) -> HttpResponse:
+def import_page(request: HttpRequest) -> HttpResponseBase:
+    """Upload a transcript; the import runs as a background job whose page shows its
+    progress until it is done."""
     form = forms.ImportForm(request.POST or None, request.FILES or None)
-    report = None
-    error = ""
-    status = 200
     if request.method == "POST":
         if form.is_valid():
-            upload = form.cleaned_data["file"]
-            with tempfile.TemporaryDirectory() as tmp:
-                path = Path(tmp) / "upload"
-                with path.open("wb") as out:
-                    for chunk in upload.chunks():
-                        out.write(chunk)
-                try:
-                    report = transcript_import(
-                        owner_id=request.user.pk,
-                        path=path,
-                        format=form.cleaned_data["format"],
-                        filename=upload.name,
-                    )
-                except ArborError as exc:
-                    error, status = exc.detail, exc.status
-        else:
-            status = 400
-    return render(
-        request,
-        "conversations/import.html",
-        {"form": form, "report": report, "error": error},
-        status=status,
-    )
+            job = services.import_job_create(
+                owner=_user(request),
+                upload=form.cleaned_data["file"],
+                format=form.cleaned_data["format"],
+            )
+            return redirect("conversations:import_job", job_id=job.pk)
+        return render(request, "conversations/import.html", {"form": form}, status=400)
+    jobs = ImportJob.objects.filter(owner=_user(request)).order_by("-created_at")[:20]
+    return render(request, "conversations/import.html", {"form": form, "jobs": jobs})
+
+
+@login_required
+@require_GET
+def import_job(request: HttpRequest, job_id: str) -> HttpResponse:
+    try:
+        job = ImportJob.objects.get(pk=uuid.UUID(job_id), owner=_user(request))
+    except (ValueError, ImportJob.DoesNotExist):
+        raise Http404("no such import") from None
+    return _render(request, "conversations/import_job.html", "progress", {"job": job})
 
 
 @login_required

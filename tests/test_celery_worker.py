@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 import redis
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import TransactionTestCase
+from kombu import pools as kombu_pools
 
 from arbor.celery import app as celery_app
 from compaction.models import CompactionJob, CompactionRecord
@@ -69,7 +71,7 @@ class CeleryWorkerTests(TransactionTestCase):
 
     @staticmethod
     def _reset_pools() -> None:
-        celery_app.pool.force_close_all()
+        kombu_pools.reset()  # kombu keeps producer pools per connection, process-wide
         celery_app._pool = None
         celery_app.amqp._producer_pool = None
 
@@ -111,3 +113,28 @@ class CeleryWorkerTests(TransactionTestCase):
         assert placeholders
         assert all(services.Message.objects.filter(pk=t.split()[3].rstrip(":")).exists()
                    for t in placeholders)  # fmt: skip
+
+    def test_an_uploaded_transcript_is_imported_by_a_worker(self) -> None:
+        user = make_user("importer")
+        sample = Path(__file__).resolve().parents[2] / "shared" / "samples" / "pi"
+        data = (sample / "pi-mono__compact.jsonl").read_bytes()
+        job = services.import_job_create(
+            owner=user, upload=SimpleUploadedFile("session.jsonl", data), format="pi"
+        )
+        deadline = time.monotonic() + 120
+        while True:
+            job.refresh_from_db()
+            if job.state in ("done", "failed"):
+                break
+            if self.worker.poll() is not None or time.monotonic() > deadline:
+                self.worker.kill()
+                output = self.worker.communicate(timeout=10)[0].decode()
+                raise AssertionError(
+                    f"the worker did not finish the import ({job.state}): {output}"
+                )
+            time.sleep(0.2)
+        assert job.state == "done", job.error
+        assert job.conversations_done == 1 and job.messages_done == 1007
+        conversation_id = job.report["conversation_ids"][0]
+        assert services.Message.objects.filter(conversation_id=conversation_id).count() == 1007
+        assert not job.upload  # the kept upload is removed once imported

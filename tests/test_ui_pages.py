@@ -14,7 +14,14 @@ from PIL import Image
 from compaction.models import CompactionRecord, RecordStatus, SnapshotPage, Trigger
 from conversations import selectors, services
 from conversations.markdown import render
-from conversations.models import ApiToken, Checkpoint, CheckpointSource, Conversation, Message
+from conversations.models import (
+    ApiToken,
+    Checkpoint,
+    CheckpointSource,
+    Conversation,
+    ImportJob,
+    Message,
+)
 from conversations.providers.fake import FakeLLMServer
 from conversations.views import word_diff
 from tests.builders import make_user, new_conversation, text
@@ -392,22 +399,50 @@ class PageTests(UiBase):
         assert self.client.post(f"/settings/tokens/{token.pk}/revoke/").status_code == 302
         assert not ApiToken.objects.exists()
 
-    def test_import_an_arbor_export(self) -> None:
+    def _upload(self, content: bytes, name: str) -> str:
+        upload = io.BytesIO(content)
+        upload.name = name
+        with self.captureOnCommitCallbacks(execute=True):
+            response = self.client.post("/import/", {"file": upload, "format": "auto"})
+        assert response.status_code == 302, response.content
+        return response["Location"]
+
+    def test_import_runs_as_a_job_whose_page_shows_the_result(self) -> None:
+        self.client.force_login(self.alice)
         export = self.client.get(f"/api/conversations/{self.conv.pk}/export?format=arbor")
-        if export.status_code != 200:
-            self.skipTest("no export endpoint to round-trip")
-        upload = io.BytesIO(export.content)
-        upload.name = "export.json"
+        assert export.status_code == 200
+        job_url = self._upload(export.content, "export.json")
+        job = ImportJob.objects.get()
+        assert job_url == f"/import/{job.pk}/" and job.state == "done"
+        assert job.conversations_done == 1 and job.messages_done > 0
+        body = self.client.get(job_url).content.decode()
+        assert "Imported 1 conversation" in body and "every 1s" not in body
+        # The poll fragment alone, for HTMX, varying on the header.
+        fragment = self.client.get(job_url, headers={"HX-Request": "true"})
+        assert "<html" not in fragment.content.decode()
+        assert "HX-Request" in fragment["Vary"]
+        # Another user cannot see it.
+        self.client.force_login(self.bob)
+        assert self.client.get(job_url).status_code == 404
+        assert self.client.get("/import/not-a-job/").status_code == 404
+
+    def test_a_running_import_page_polls_until_done(self) -> None:
+        self.client.force_login(self.alice)
+        upload = io.BytesIO(b"[]")
+        upload.name = "empty.json"
+        # Without running the queued task the job stays queued, and its page polls.
         response = self.client.post("/import/", {"file": upload, "format": "auto"})
-        assert response.status_code == 200, response.content
-        assert "Imported 1 conversation" in response.content.decode()
+        job = ImportJob.objects.get()
+        assert job.state == "queued"
+        body = self.client.get(response["Location"]).content.decode()
+        assert 'hx-trigger="every 1s"' in body
 
     def test_import_rejects_garbage_with_a_message(self) -> None:
-        upload = io.BytesIO(b"this is not a transcript")
-        upload.name = "x.txt"
-        response = self.client.post("/import/", {"file": upload, "format": "auto"})
-        assert response.status_code in (400, 413, 422)
-        assert 'role="alert"' in response.content.decode()
+        self.client.force_login(self.alice)
+        job_url = self._upload(b"this is not a transcript", "x.txt")
+        assert ImportJob.objects.get().state == "failed"
+        body = self.client.get(job_url).content.decode()
+        assert 'role="alert"' in body
 
 
 class TurnViewTests(UiBase):
