@@ -91,6 +91,18 @@ class SeedDemoTests(TestCase):
         assert "password: admin" in out
         assert "local use only" in out
 
+    def test_it_imports_the_real_sample_transcripts_once(self) -> None:
+        run("seed_demo")
+        admin = get_user_model().objects.get(username="admin")
+        formats = {
+            m.metadata["source"]["format"]
+            for m in Message.objects.filter(conversation__owner=admin, origin="import")
+        }
+        assert formats == {"chatgpt", "openwebui", "claude-code", "pi"}
+        count = Conversation.objects.filter(owner=admin).count()
+        run("seed_demo")
+        assert Conversation.objects.filter(owner=admin).count() == count
+
     def test_it_builds_the_demo_tree(self) -> None:
         run("seed_demo")
         admin = get_user_model().objects.get(username="admin")

@@ -9,6 +9,7 @@ half-built and the next run tries again.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -17,11 +18,19 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 from conversations import selectors, services
+from conversations.importers import transcript_import
 from conversations.models import Checkpoint, Conversation, Message
 
 ADMIN_USERNAME = "admin"
 ADMIN_PASSWORD = "admin"
 DEMO_TITLE = "Demo: planning a trip to Jeju"
+# Real transcripts imported for the demo, from ../shared/samples (see its SOURCES.md).
+SAMPLE_FILES = [
+    ("chatgpt/librechat__chatgpt-tree.json", "chatgpt"),
+    ("openwebui/openwebui-importer__webui-json.json", "openwebui"),
+    ("claude-code/claude-code-log__dag_compact_after_rewind.jsonl", "claude-code"),
+    ("pi/pi-mono__compact.jsonl", "pi"),
+]
 FORK_TITLE = "Demo fork: a Jeju food day"
 
 
@@ -65,9 +74,26 @@ class Command(BaseCommand):
         if demo is None:
             demo = self._build_demo(admin)
             self.stdout.write(f'Created the demo conversation "{DEMO_TITLE}".')
+            # With the demo, once: a second run finds the demo and imports nothing.
+            self._import_samples(admin)
         else:
             self.stdout.write(f'The demo conversation "{DEMO_TITLE}" exists; left as it is.')
         self._summary(admin, demo)
+
+    # --- real transcripts ------------------------------------------------------------
+
+    def _import_samples(self, admin: Any) -> None:
+        """Import the real sample transcripts beside the project (../shared/samples)."""
+        samples = Path(settings.BASE_DIR).parent / "shared" / "samples"
+        if not samples.is_dir():
+            self.stdout.write(f"No sample transcripts at {samples}; none imported.")
+            return
+        for name, kind in SAMPLE_FILES:
+            path = samples / name
+            if path.exists():
+                report = transcript_import(owner_id=admin.pk, path=path, format=kind, filename=name)
+                count = len(report.conversation_ids)
+                self.stdout.write(f"Imported {name}: {count} conversation(s).")
 
     # --- the admin account -----------------------------------------------------------
 
