@@ -42,6 +42,7 @@ bench: setup
 	DEBUG=1 $(BIN)/python manage.py bench_tree
 	$(TEST_ENV) $(BIN)/python manage.py bench_turns
 	$(TEST_ENV) $(BIN)/python manage.py bench_compaction
+	$(TEST_ENV) $(BIN)/python manage.py bench_import
 
 clean:
 	rm -rf $(VENV) var/*.sqlite3

@@ -102,3 +102,12 @@ def database_from_url(url: str, *, base_dir: Path) -> dict[str, Any]:
     raise ImproperlyConfiguredEnv(
         f"DATABASE_URL scheme {scheme!r} is not supported (use sqlite:/// or postgres://)"
     )
+
+
+def database_url_of(db: dict[str, Any], vendor: str) -> str:
+    """The DATABASE_URL naming a connection's database (the test database during tests),
+    for a child process that must use the same one."""
+    if vendor == "sqlite":
+        return f"sqlite:///{db['NAME']}"
+    host = db.get("HOST") or "127.0.0.1"
+    return f"postgres://{db.get('USER') or ''}@{host}:{db.get('PORT') or 5432}/{db['NAME']}"

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 
 from django.db import connection
 
+from arbor.env import database_url_of
 from conversations.providers.fake import FakeLLMServer
 
 PROTOCOLS = ["openai/test", "anthropic/test"]
@@ -67,12 +68,7 @@ def serve_fake_models(
 def child_env() -> dict[str, str]:
     """The environment for a subprocess that must use this test's database (only what a
     TransactionTestCase committed is visible to it)."""
-    db = connection.settings_dict
     env = dict(os.environ)
-    if connection.vendor == "sqlite":
-        env["DATABASE_URL"] = f"sqlite:///{db['NAME']}"
-    else:
-        host = db["HOST"] or "127.0.0.1"
-        env["DATABASE_URL"] = f"postgres://{db['USER']}@{host}:{db['PORT'] or 5432}/{db['NAME']}"
+    env["DATABASE_URL"] = database_url_of(connection.settings_dict, connection.vendor)
     env["SECRET_KEY"] = "test-only"
     return env

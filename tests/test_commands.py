@@ -13,7 +13,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db.models import Count
-from django.test import TestCase, override_settings
+from django.test import TestCase, TransactionTestCase, override_settings
 
 from conversations import selectors
 from conversations.management.commands.bench_tree import BENCH_USERNAME
@@ -244,3 +244,15 @@ class BenchTreeTests(TestCase):
             run("bench_tree", "--repeat", "0")
         with pytest.raises(CommandError):
             run("bench_tree", "--depth", "3")
+
+
+class BenchImportTests(TransactionTestCase):
+    def test_it_imports_a_generated_session_and_reports_peak_memory(self) -> None:
+        out = StringIO()
+        call_command("bench_import", "--mb", "1", stdout=out, stderr=StringIO())
+        figures = json.loads(out.getvalue())["import"]
+        assert figures["file_mb"] >= 1 and figures["conversations"] == 1
+        assert figures["messages"] > 1000 and figures["messages"] % 4 == 0
+        assert figures["peak_rss_mb"] > 0 and figures["within_limit"] is True
+        assert not Conversation.objects.exists()
+        assert not get_user_model().objects.filter(username__startswith="__arbor").exists()
