@@ -252,7 +252,7 @@ class BenchImportTests(TransactionTestCase):
         call_command("bench_import", "--mb", "1", stdout=out, stderr=StringIO())
         figures = json.loads(out.getvalue())["import"]
         assert figures["file_mb"] >= 1 and figures["conversations"] == 1
-        assert figures["messages"] > 1000 and figures["messages"] % 4 == 0
+        assert figures["imported"] and figures["messages"] > 200 and figures["messages"] % 4 == 0
         assert figures["peak_rss_mb"] > 0 and figures["within_limit"] is True
         assert not Conversation.objects.exists()
         assert not get_user_model().objects.filter(username__startswith="__arbor").exists()

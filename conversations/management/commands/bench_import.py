@@ -47,7 +47,9 @@ print(json.dumps({"seconds": round(time.perf_counter() - started, 2),
 def write_session(path: Path, megabytes: int) -> int:
     """A linear session: prompt → tool call → tool result → answer, repeated."""
     target = megabytes * 1024 * 1024
-    filler = "The log says everything is fine on this line. " * 12
+    # Tool results dominate real agent sessions; ~1 kB a message on average keeps a
+    # 200 MB file under the importer's 200,000-message limit for one conversation.
+    filler = "The log says everything is fine on this line. " * 100
     written, i, parent = 0, 0, None
     with path.open("w") as out:
         while written < target:
@@ -131,6 +133,7 @@ class Command(BaseCommand):
                         "peak_rss_mb": peak_mb,
                         "limit_mb": options["limit_mb"],
                         "within_limit": peak_mb <= options["limit_mb"],
+                        "imported": figures["conversations"] == 1,
                     }
                 }
             )
