@@ -256,6 +256,8 @@ class Provider(ABC):
     with Done(reply). Both raise ProviderError subclasses only."""
 
     kind: str = ""
+    # Where the SDK's users set the server, as its own client reads it.
+    base_url_env: str = ""
 
     def __init__(
         self,
@@ -272,9 +274,24 @@ class Provider(ABC):
         if api_key:
             register_secret(api_key)
         self._http = self._make_http_client()
+        self.base_url = base_url or spec.base_url or os.environ.get(self.base_url_env) or None
+        self.client = self._make_client(api_key)
 
     @abstractmethod
     def _make_http_client(self) -> httpx2.Client: ...
+
+    @abstractmethod
+    def _make_client(self, api_key: str | None) -> Any:
+        """The SDK client, with its key resolved as the SDK's users expect."""
+
+    def _incomplete(self) -> NoReturn:
+        # The body ended without the protocol's end marker: the server died mid-answer.
+        # A partial reply must not be mistaken for a whole one.
+        raise ProviderUnavailable(
+            "the model's answer stopped before it was complete",
+            code="stream_incomplete",
+            provider=self.kind,
+        )
 
     @abstractmethod
     def complete(self, request: Request) -> Reply: ...
@@ -299,20 +316,10 @@ class OpenAIProvider(Provider):
     """Chat completions on any OpenAI-compatible server."""
 
     kind = "openai"
+    base_url_env = "OPENAI_BASE_URL"
 
-    def __init__(
-        self,
-        spec: ModelSpec,
-        *,
-        api_key: str | None = None,
-        base_url: str | None = None,
-        load_blob: LoadBlob | None = None,
-        settings: ClientSettings | None = None,
-    ) -> None:
-        super().__init__(
-            spec, api_key=api_key, base_url=base_url, load_blob=load_blob, settings=settings
-        )
-        self.base_url = base_url or spec.base_url or os.environ.get("OPENAI_BASE_URL") or None
+    def _make_client(self, api_key: str | None) -> Any:
+        spec = self.spec
         host = urlsplit(self.base_url).hostname if self.base_url else OPENAI_DEFAULT_HOST
         official = host == OPENAI_DEFAULT_HOST
         env_name = spec.api_key_env or "OPENAI_API_KEY"
@@ -333,7 +340,7 @@ class OpenAIProvider(Provider):
         self.max_tokens_param = spec.max_tokens_param or (
             "max_completion_tokens" if official else "max_tokens"
         )
-        self.client = openai.OpenAI(
+        return openai.OpenAI(
             api_key=key,
             base_url=self.base_url,
             max_retries=self.settings.max_retries,
@@ -377,14 +384,8 @@ class OpenAIProvider(Provider):
                     yield from accumulator.feed(chunk.to_dict())
         except _TRANSPORT_ERRORS as exc:
             _raise_normalized(exc, self.kind)
-        if accumulator.raw_finish is None:
-            # The body ended without a finish_reason: the server died mid-answer. A
-            # partial reply must not be mistaken for a whole one.
-            raise ProviderUnavailable(
-                "the model's answer stopped before it was complete",
-                code="stream_incomplete",
-                provider=self.kind,
-            )
+        if accumulator.raw_finish is None:  # no finish_reason arrived
+            self._incomplete()
         yield from accumulator.finish()
 
 
@@ -392,26 +393,15 @@ class AnthropicProvider(Provider):
     """The Anthropic Messages API."""
 
     kind = "anthropic"
+    base_url_env = "ANTHROPIC_BASE_URL"
 
-    def __init__(
-        self,
-        spec: ModelSpec,
-        *,
-        api_key: str | None = None,
-        base_url: str | None = None,
-        load_blob: LoadBlob | None = None,
-        settings: ClientSettings | None = None,
-    ) -> None:
-        super().__init__(
-            spec, api_key=api_key, base_url=base_url, load_blob=load_blob, settings=settings
-        )
-        self.base_url = base_url or spec.base_url or os.environ.get("ANTHROPIC_BASE_URL") or None
-        key = api_key or read_api_key(spec.api_key_env or "ANTHROPIC_API_KEY")
+    def _make_client(self, api_key: str | None) -> Any:
+        key = api_key or read_api_key(self.spec.api_key_env or "ANTHROPIC_API_KEY")
         if not key and self.base_url and not os.environ.get("ANTHROPIC_AUTH_TOKEN"):
             # A gateway or local proxy that takes no key; api.anthropic.com without a key
             # is left to the SDK's own discovery (profiles, workload identity).
             key = NO_KEY
-        self.client = anthropic.Anthropic(
+        return anthropic.Anthropic(
             api_key=key,
             base_url=self.base_url,
             max_retries=self.settings.max_retries,
@@ -462,12 +452,8 @@ class AnthropicProvider(Provider):
                     yield from accumulator.feed(data)
         except _TRANSPORT_ERRORS as exc:
             _raise_normalized(exc, self.kind)
-        if not stopped:
-            raise ProviderUnavailable(
-                "the model's answer stopped before it was complete",
-                code="stream_incomplete",
-                provider=self.kind,
-            )
+        if not stopped:  # no message_stop arrived
+            self._incomplete()
         yield from accumulator.finish()
 
 
