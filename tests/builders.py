@@ -102,3 +102,27 @@ def grow(
             ],
         )
     conv.refresh_from_db()
+
+
+def tool_turn(
+    prompt: str, *, call_id: str = "c1", name: str = "t", result: str = "", answer: str = "done"
+) -> list[dict[str, Any]]:
+    """One complete agent turn: prompt, a tool call, its result, the final answer."""
+    return [
+        {"role": "user", "parts": text(prompt)},
+        {
+            "role": "assistant",
+            "parts": [{"type": "tool_call", "id": call_id, "name": name, "arguments": {}}],
+        },
+        {
+            "role": "tool",
+            "parts": [
+                {
+                    "type": "tool_result",
+                    "call_id": call_id,
+                    "parts": text(result) if result else [],
+                }
+            ],
+        },
+        {"role": "assistant", "parts": text(answer)},
+    ]

@@ -23,7 +23,7 @@ from conversations import selectors, services
 from conversations.models import Checkpoint, Conversation, Message, TurnAttempt
 from conversations.providers.fake import FakeLLMServer, Step
 from conversations.turns import attempt_is_stale, transcript_for_model
-from tests.builders import make_user, new_conversation, text
+from tests.builders import make_user, new_conversation, text, tool_turn
 from tests.fake_models import PROTOCOLS, child_env, serve_fake_models
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -227,15 +227,7 @@ class ResumeTrimTests(ChatTestCase):
             conversation=conv,
             parent_id=None,
             expected_version=0,
-            messages=[
-                {"role": "user", "parts": text("go")},
-                {
-                    "role": "assistant",
-                    "parts": [{"type": "tool_call", "id": "c1", "name": "t", "arguments": {}}],
-                },
-                {"role": "tool", "parts": [{"type": "tool_result", "call_id": "c1", "parts": []}]},
-                {"role": "assistant", "parts": text("done")},
-            ],
+            messages=tool_turn("go"),
         )
         call_id = result.message_ids[1]
         conv.refresh_from_db()
@@ -262,15 +254,7 @@ class ResumeTrimTests(ChatTestCase):
             conversation=conv,
             parent_id=None,
             expected_version=0,
-            messages=[
-                {"role": "user", "parts": text("go")},
-                {
-                    "role": "assistant",
-                    "parts": [{"type": "tool_call", "id": "c1", "name": "t", "arguments": {}}],
-                },
-                {"role": "tool", "parts": [{"type": "tool_result", "call_id": "c1", "parts": []}]},
-                {"role": "assistant", "parts": text("done")},
-            ],
+            messages=tool_turn("go"),
         )
         messages, report = transcript_for_model(conversation=conv, tip_id=result.message_ids[1])
         assert [m["role"] for m in messages] == ["user"]
