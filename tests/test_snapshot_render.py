@@ -150,7 +150,10 @@ def _require_tesseract(lang: str = "eng") -> None:
 def _sample_segments(name: str) -> list[Segment]:
     path = SAMPLES / name
     if not path.exists():
-        pytest.skip(f"sample file {path} is not present (set ARBOR_SAMPLES to its folder)")
+        message = f"sample file {path} is not present (set ARBOR_SAMPLES to its folder)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must have ../shared/samples: {message}")
+        pytest.skip(message)
     if path.suffix == ".jsonl":
         return transcript_segments(path)
     return [Segment("user", "doc", path.read_text(encoding="utf-8"))]
