@@ -79,7 +79,12 @@ def _encode(text: str) -> bytes:
 def ordered_messages(conversation: Conversation) -> list[Message]:
     """Every message, depth-first from the roots, siblings by (created_at, id): parents
     always come before their children."""
-    rows = list(Message.objects.filter(conversation=conversation).order_by("created_at", "id"))
+    # The search text is derived from the parts (an import recomputes it): not exported.
+    rows = list(
+        Message.objects.filter(conversation=conversation)
+        .defer("search_text")
+        .order_by("created_at", "id")
+    )
     children: dict[Any, list[Message]] = {}
     for row in rows:
         children.setdefault(row.parent_id, []).append(row)

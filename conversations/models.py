@@ -8,11 +8,14 @@ deleting the whole conversation does). Going back, branching and rewinding only 
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+
+from conversations.parts import searchable_text
 
 
 class Role(models.TextChoices):
@@ -78,6 +81,11 @@ class Message(models.Model):
     origin = models.CharField(max_length=16, choices=Origin.choices, default=Origin.TURN)
     metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # The plain text of ``parts`` for search (parts.searchable_text), written with the row
+    # by every insert path: save() below, services._insert_messages, the fork's copy.
+    # Derived data: exports leave it out and imports recompute it. On PostgreSQL a
+    # trigram index (migration 0006) serves the search's case-insensitive LIKE.
+    search_text = models.TextField(blank=True, default="", editable=False)
 
     class Meta:
         indexes = [
@@ -93,6 +101,10 @@ class Message(models.Model):
 
     def __str__(self) -> str:
         return f"{self.role} {self.id}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        self.search_text = searchable_text(self.parts)
+        super().save(*args, **kwargs)
 
 
 class Blob(models.Model):

@@ -266,3 +266,45 @@ def check_turn_pairing(drafts: list[DraftMessage], *, ends_in_rewind: bool = Fal
             code="unpaired_tool_call",
             errors=errors.items,
         )
+
+
+# A message's searchable text is capped: tool results can hold megabytes (a whole file
+# read by an agent), and the column would otherwise double them. 200,000 characters keeps
+# everything but such dumps whole; past the cap a word is not found.
+SEARCH_TEXT_MAX_CHARS = 200_000
+
+
+def searchable_text(parts: Any) -> str:
+    """The words of a message for search (``Message.search_text``): text and thinking,
+    tool call names and arguments, the text of tool results — never image data. Runs of
+    whitespace become one space, so a phrase matches across line breaks."""
+    pieces: list[str] = []
+    size = 0
+
+    def add(value: Any) -> None:
+        nonlocal size
+        if isinstance(value, str) and size <= SEARCH_TEXT_MAX_CHARS:
+            # Slice before splitting: a 2 MB part is cut first, not split into words whole.
+            words = " ".join(value[: SEARCH_TEXT_MAX_CHARS + 1].split())
+            if words:
+                pieces.append(words)
+                size += len(words) + 1
+
+    for part in parts if isinstance(parts, list) else []:
+        if not isinstance(part, dict):
+            continue
+        kind = part.get("type")
+        if kind in ("text", "thinking"):
+            add(part.get("text"))
+        elif kind == "tool_call":
+            add(part.get("name"))
+            if part.get("arguments"):
+                # Sorted keys: PostgreSQL's jsonb reorders them, and the text must not
+                # depend on whether the parts were read back from it.
+                add(json.dumps(part["arguments"], ensure_ascii=False, sort_keys=True))
+        elif kind == "tool_result":
+            for inner in part.get("parts") or []:
+                if isinstance(inner, dict) and inner.get("type") == "text":
+                    add(inner.get("text"))
+    # PostgreSQL refuses NUL in text; validated parts hold none, but stay safe.
+    return " ".join(pieces)[:SEARCH_TEXT_MAX_CHARS].replace("\x00", "")

@@ -10,8 +10,8 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import connection
-from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
-from django.db.models.functions import Coalesce
+from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery, TextField, Value
+from django.db.models.functions import Coalesce, Greatest, StrIndex, Substr, Upper
 
 from conversations.errors import InvalidInput, NotFound
 from conversations.models import Checkpoint, Conversation, Message
@@ -65,13 +65,20 @@ ORDER BY {table}.depth
 """
 
 
+def _message_columns(table: str) -> str:
+    """The columns the path and subtree reads load: all but the search text, a copy of
+    the parts' words that nothing reading a branch needs (it stays deferred)."""
+    return ", ".join(
+        f"{table}.{f.column}" for f in Message._meta.concrete_fields if f.name != "search_text"
+    )
+
+
 def message_path(*, conversation_id: uuid.UUID, tip_id: uuid.UUID | None) -> list[Message]:
     """The messages root→tip, in one recursive query (SQLite and PostgreSQL alike)."""
     if tip_id is None:
         return []
     table = Message._meta.db_table
-    columns = ", ".join(f"{table}.{f.column}" for f in Message._meta.concrete_fields)
-    sql = _PATH_SQL.format(table=table, columns=columns)
+    sql = _PATH_SQL.format(table=table, columns=_message_columns(table))
     return list(Message.objects.raw(sql, [_db_uuid(tip_id), _db_uuid(conversation_id)]))
 
 
@@ -89,8 +96,7 @@ ORDER BY {table}.depth, {table}.created_at, {table}.id
 def message_subtree(*, conversation_id: uuid.UUID, root_id: uuid.UUID) -> list[Message]:
     """A message and every descendant, parents before children, in one query."""
     table = Message._meta.db_table
-    columns = ", ".join(f"{table}.{f.column}" for f in Message._meta.concrete_fields)
-    sql = _SUBTREE_SQL.format(table=table, columns=columns)
+    sql = _SUBTREE_SQL.format(table=table, columns=_message_columns(table))
     return list(Message.objects.raw(sql, [_db_uuid(root_id), _db_uuid(conversation_id)]))
 
 
@@ -244,6 +250,85 @@ def conversation_page(*, user: User, q: str, cursor: str | None, limit: int) -> 
     return Page(items=rows, next_cursor=next_cursor)
 
 
+# A hit's snippet: this many characters of the message's search text, starting this many
+# before the match (cut in the database, so a long message never travels whole).
+SNIPPET_CHARS = 200
+SNIPPET_BEFORE = 70
+
+
+@dataclass(frozen=True)
+class MessageHit:
+    conversation_id: uuid.UUID
+    conversation_title: str
+    message_id: uuid.UUID
+    role: str
+    created_at: datetime
+    snippet: str  # plain text around the first match; "…" marks a cut end
+
+
+def _snippet(raw: str, *, start: int, at: int, length: int) -> str:
+    """Trim a cut-out of the search text to whole words (never into the match at offset
+    ``at``) and mark the cut ends."""
+    text = raw
+    if start > 1:
+        space = text.find(" ", 0, at)
+        text = "…" + (text[space + 1 :] if space >= 0 else text)
+        at += 1 - (space + 1 if space >= 0 else 0)
+    if len(raw) >= SNIPPET_CHARS:  # the message may go on past the cut
+        space = text.rfind(" ", at + length)
+        text = (text[:space] if space >= 0 else text) + "…"
+    return text
+
+
+def message_search(*, user: User, q: str, limit: int, cursor: str | None = None) -> Page:
+    """The user's messages whose text contains ``q`` (case-insensitive; runs of whitespace
+    count as one space), newest first, keyset-paged, each with a snippet around its first
+    match. One query per page, however many conversations or how long the messages."""
+    q = " ".join(q.split())
+    if not q:
+        return Page(items=[], next_cursor=None)
+    # UPPER(search_text) on both sides of the match, like the icontains filter, so the
+    # position found is where LIKE matched (and on PostgreSQL the trigram index applies).
+    at = StrIndex(Upper("search_text"), Upper(Value(q, output_field=TextField())))
+    start = Greatest(F("at") - SNIPPET_BEFORE, Value(1))
+    qs = (
+        Message.objects.filter(conversation__owner_id=user.pk, search_text__icontains=q)
+        .annotate(at=at)
+        .annotate(start=start, snippet=Substr("search_text", start, SNIPPET_CHARS))
+        .order_by("-created_at", "-id")
+    )
+    if cursor:
+        created_s, id_s = _decode_cursor(cursor, 2)
+        try:
+            created, mid = datetime.fromisoformat(created_s), uuid.UUID(id_s)
+        except ValueError:
+            raise InvalidInput("the cursor is not valid", code="bad_cursor") from None
+        if created.tzinfo is None:
+            raise InvalidInput("the cursor is not valid", code="bad_cursor")
+        qs = qs.filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=mid))
+    rows = list(
+        qs.values_list(
+            "conversation_id", "conversation__title", "id", "role", "created_at",
+            "snippet", "start", "at",
+        )[: limit + 1]
+    )  # fmt: skip
+    hits = [
+        MessageHit(
+            conversation_id=cid,
+            conversation_title=title,
+            message_id=mid,
+            role=role,
+            created_at=created_at,
+            snippet=_snippet(snippet or "", start=start, at=max(pos - start, 0), length=len(q)),
+        )
+        for cid, title, mid, role, created_at, snippet, start, pos in rows[:limit]
+    ]
+    next_cursor = None
+    if len(rows) > limit:
+        next_cursor = _encode_cursor(hits[-1].created_at, hits[-1].message_id)
+    return Page(items=hits, next_cursor=next_cursor)
+
+
 def conversation_forks(*, conversation: Conversation) -> QuerySet[Conversation]:
     """Conversations forked from any message of this one."""
     return Conversation.objects.filter(
@@ -284,6 +369,18 @@ def message_latest_leaf(*, conversation_id: uuid.UUID, message_id: uuid.UUID) ->
         cursor.execute(sql, [_db_uuid(message_id), _db_uuid(conversation_id)])
         row = cursor.fetchone()
     return uuid.UUID(str(row[0])) if row else None
+
+
+def message_branch_leaf(*, conversation: Conversation, message_id: uuid.UUID) -> uuid.UUID:
+    """Where the branch to show through a message ends: the tip when the message is on
+    the current branch, else the newest leaf below it (where ``◀ n/m ▶`` would land).
+    Reading only: the tip does not move."""
+    if conversation.tip_id is not None:
+        links = message_path_links(conversation_id=conversation.pk, tip_id=conversation.tip_id)
+        if any(mid == message_id for mid, _ in links):
+            return conversation.tip_id
+    leaf = message_latest_leaf(conversation_id=conversation.pk, message_id=message_id)
+    return leaf or message_id
 
 
 @dataclass(frozen=True)

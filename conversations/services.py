@@ -42,6 +42,7 @@ from conversations.parts import (
     check_turn_pairing,
     clean_messages,
     image_blobs,
+    searchable_text,
     tool_calls,
 )
 
@@ -316,6 +317,7 @@ def _insert_messages(rows: list[Message]) -> None:
     ``bulk_create`` splits into batches of ~100 rows on SQLite (999 parameters a query),
     so a 10,000-message fork would cost 100 queries. Instead the rows travel as one
     JSON parameter that the database unpacks itself (json_each / jsonb_to_recordset).
+    The search text is computed here from the parts, whatever the row object holds.
     """
     if not rows:
         return
@@ -332,16 +334,20 @@ def _insert_messages(rows: list[Message]) -> None:
                 "origin": r.origin,
                 "metadata": r.metadata,
                 "created_at": r.created_at.isoformat(),
+                "search_text": searchable_text(r.parts),
             }
             for r in rows
         ]
         sql = f"""
             INSERT INTO {table}
-                (id, conversation_id, parent_id, role, parts, depth, origin, metadata, created_at)
-            SELECT id, conversation_id, parent_id, role, parts, depth, origin, metadata, created_at
+                (id, conversation_id, parent_id, role, parts, depth, origin, metadata, created_at,
+                 search_text)
+            SELECT id, conversation_id, parent_id, role, parts, depth, origin, metadata, created_at,
+                   search_text
             FROM jsonb_to_recordset(%s::jsonb) AS x(
                 id uuid, conversation_id uuid, parent_id uuid, role varchar, parts jsonb,
-                depth integer, origin varchar, metadata jsonb, created_at timestamptz)
+                depth integer, origin varchar, metadata jsonb, created_at timestamptz,
+                search_text text)
         """
     elif connection.vendor == "sqlite":
         adapt = connection.ops.adapt_datetimefield_value
@@ -357,14 +363,17 @@ def _insert_messages(rows: list[Message]) -> None:
                 "origin": r.origin,
                 "metadata": json.dumps(r.metadata),
                 "created_at": adapt(r.created_at),
+                "search_text": searchable_text(r.parts),
             }
             for r in rows
         ]
         cols = ("id", "conversation_id", "parent_id", "role", "parts", "depth", "origin",
-                "metadata", "created_at")  # fmt: skip
+                "metadata", "created_at", "search_text")  # fmt: skip
         select = ", ".join(f"json_extract(value, '$.{c}')" for c in cols)
         sql = f"INSERT INTO {table} ({', '.join(cols)}) SELECT {select} FROM json_each(%s)"
     else:  # pragma: no cover - other backends are not supported
+        for r in rows:
+            r.search_text = searchable_text(r.parts)
         Message.objects.bulk_create(rows)
         return
     with connection.cursor() as cursor:
@@ -378,14 +387,17 @@ def _copy_messages(
     INSERT … SELECT: parts and metadata never leave the database, so a 10,000-message
     fork does not decode and re-encode every message's JSON in Python."""
     table = connection.ops.quote_name(Message._meta.db_table)
-    cols = "id, conversation_id, parent_id, role, parts, depth, origin, metadata, created_at"
+    cols = (
+        "id, conversation_id, parent_id, role, parts, depth, origin, metadata, created_at, "
+        "search_text"
+    )
     if connection.vendor == "postgresql":
         payload = [{"o": str(o), "n": str(n), "p": str(p) if p else None} for o, n, p in mapping]
         sql = f"""
             INSERT INTO {table} ({cols})
             SELECT map.n, %s, map.p, m.role, m.parts, m.depth, %s,
                    m.metadata || jsonb_build_object('fork_of', m.id::text, 'fork_origin', m.origin),
-                   m.created_at
+                   m.created_at, m.search_text
             FROM jsonb_to_recordset(%s::jsonb) AS map(o uuid, n uuid, p uuid)
             JOIN {table} m ON m.id = map.o
         """
@@ -400,7 +412,7 @@ def _copy_messages(
                    m.role, m.parts, m.depth, %s,
                    json_set(m.metadata, '$.fork_of', json_extract(map.value, '$.f'),
                             '$.fork_origin', m.origin),
-                   m.created_at
+                   m.created_at, m.search_text
             FROM json_each(%s) AS map
             JOIN {table} m ON m.id = json_extract(map.value, '$.o')
         """

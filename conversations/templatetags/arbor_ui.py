@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from django import template
@@ -32,3 +33,25 @@ def plain_text(parts: Any) -> str:
     return "\n".join(
         p.get("text", "") for p in parts if isinstance(p, dict) and p.get("type") == "text"
     )
+
+
+@register.filter
+def match_pieces(text: Any, query: Any) -> list[tuple[str, bool]]:
+    """Split plain text around the case-insensitive occurrences of a search query, as
+    (piece, is_match) pairs: the template escapes each piece and wraps matches in
+    <mark>, so no HTML is ever built from the user's text here. Whitespace in the query
+    matches any run of whitespace, as the search does."""
+    text, words = str(text or ""), str(query or "").split()
+    if not words:
+        return [(text, False)] if text else []
+    pattern = re.compile(r"\s+".join(re.escape(w) for w in words), re.IGNORECASE)
+    pieces: list[tuple[str, bool]] = []
+    end = 0
+    for found in pattern.finditer(text):
+        if found.start() > end:
+            pieces.append((text[end : found.start()], False))
+        pieces.append((found.group(), True))
+        end = found.end()
+    if end < len(text):
+        pieces.append((text[end:], False))
+    return pieces

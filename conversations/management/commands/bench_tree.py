@@ -40,6 +40,7 @@ from django.utils import timezone
 
 from conversations import selectors, services
 from conversations.models import Conversation, Message, Origin, Role
+from conversations.parts import searchable_text
 
 BENCH_USERNAME = "__arbor_bench__"
 SMALL_NODES = 10
@@ -135,12 +136,15 @@ class Command(BaseCommand):
     # --- setup -----------------------------------------------------------------------
 
     def _row(self, conv: Conversation, i: int, parent: uuid.UUID | None, depth: int) -> Message:
+        parts = [{"type": "text", "text": FILLER.format(i=i)}]
         return Message(
             id=uuid.uuid4(),
             conversation_id=conv.pk,
             parent_id=parent,
             role=Role.USER if depth % 2 == 0 else Role.ASSISTANT,
-            parts=[{"type": "text", "text": FILLER.format(i=i)}],
+            parts=parts,
+            # bulk_create skips Message.save(), which fills the search text otherwise.
+            search_text=searchable_text(parts),
             depth=depth,
             origin=Origin.TURN,
             metadata={},
