@@ -16,4 +16,5 @@ urlpatterns = [
     ),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("conversations.urls")),
+    path("", include("compaction.urls")),
 ]

@@ -58,6 +58,7 @@ from compaction.estimate import (
     count_text_tokens,
     margin_tokens,
     message_tokens,
+    part_tokens,
     request_tokens,
     text_tokens,
 )
@@ -1063,3 +1064,57 @@ def reactive(
             result=result,
         )
     return result
+
+
+# --- what a view spends its budget on -------------------------------------------------------
+
+# The rungs' names, as their reports (and records) give them, cheapest first.
+RUNGS = ("elision", "image_stripping", "snapshot", "summary")
+# The sections of a request, in the order they are sent.
+SECTIONS = ("head", "summary", "pages", "tail", "images")
+
+
+def _image_tokens(part: Part, rule: str) -> int:
+    """Tokens of the ordinary images in a part (an image, or those inside a result)."""
+    if part.get("type") == "image" and "snapshot_page" not in part:
+        return part_tokens(part, rule=rule)
+    if part.get("type") == "tool_result":
+        return sum(_image_tokens(p, rule) for p in part.get("parts") or ())
+    return 0
+
+
+def breakdown(view: ContextView) -> dict[str, int]:
+    """The view's calibrated estimate split by section (the numbers of a budget gauge):
+    ``head`` (system prompt, request overhead and everything before the first summary or
+    snapshot message, or the first turn when there is none), ``summary``, ``pages``
+    (snapshot messages: their page images and the text that introduces them), ``tail``
+    (the rest) and ``images`` (every other image, wherever it sits). The sections add up
+    to ``view.estimate()`` exactly: rounding goes to the largest."""
+    rule = view.rule
+    first_turn_end = view.turns()[0][1] if view.messages else 0
+    head_end = next(
+        (
+            i
+            for i, m in enumerate(view.messages)
+            if str(m["id"]).startswith((SNAPSHOT_ID_PREFIX, SUMMARY_ID_PREFIX))
+        ),
+        first_turn_end,
+    )
+    raw = dict.fromkeys(SECTIONS, 0)
+    raw["head"] = request_tokens((), rule=rule, system=view.system, tools=view.tools)
+    for i, message in enumerate(view.messages):
+        mid = str(message["id"])
+        if mid.startswith(SUMMARY_ID_PREFIX):
+            section = "summary"
+        elif mid.startswith(SNAPSHOT_ID_PREFIX):
+            section = "pages"
+        else:
+            section = "head" if i < head_end else "tail"
+        images = sum(_image_tokens(p, rule) for p in message["parts"])
+        raw["images"] += images
+        raw[section] += view.message_raw[i] - images
+    factor = view.calibration.factor
+    out = {name: int(tokens * factor) for name, tokens in raw.items()}
+    largest = max(SECTIONS, key=lambda name: out[name])
+    out[largest] += view.estimate() - sum(out.values())
+    return out

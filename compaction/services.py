@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from functools import partial
@@ -50,6 +50,12 @@ from conversations.resume import ResumeReport
 THRESHOLD = 0.8
 # Ids of messages that exist only in memory (a turn not yet persisted).
 PENDING = "pending:"
+# Told what a compaction is doing, e.g. {"stage": "OCR", "done": 2, "total": 5}.
+Progress = Callable[[dict[str, Any]], None]
+
+
+def _quiet(progress: dict[str, Any]) -> None:
+    pass
 
 
 # --- calibration ---------------------------------------------------------------------
@@ -142,14 +148,18 @@ def renderer_for(spec: ModelSpec) -> CapturingRenderer | None:
     return CapturingRenderer(spec.image_billing) if spec.vision else None
 
 
-def pages_measure_ocr(*, record: CompactionRecord, render: CapturingRenderer | None) -> None:
+def pages_measure_ocr(
+    *, record: CompactionRecord, render: CapturingRenderer | None, progress: Progress = _quiet
+) -> None:
     """Store tesseract's character error rate on each page of the record (slow: about a
     second a page, so jobs do it, not requests). Without tesseract nothing is stored."""
     if render is None:
         return
     from compaction.render import ocr_cer
 
-    for page in record.pages.all():
+    pages = list(record.pages.all())
+    for done, page in enumerate(pages):
+        progress({"stage": "OCR", "done": done, "total": len(pages)})
         drawn = render.pages.get(page.blob_id)
         if drawn is not None:
             value = ocr_cer(drawn)
@@ -193,6 +203,8 @@ class ContextResult:
     record: CompactionRecord | None = None
     reused: bool = False
     resume: ResumeReport = field(default_factory=ResumeReport)
+    # The view the estimate was taken of (calibration, system prompt and all).
+    view: ContextView | None = None
 
 
 def report_dict(report: RungReport) -> dict[str, Any]:
@@ -233,10 +245,17 @@ def context_build(
     trigger: str = Trigger.MANUAL,
     allow_summary: bool = True,
     measure_ocr: bool = False,
+    compact: bool = True,
+    progress: Progress = _quiet,
 ) -> ContextResult:
     """What the model sees for the path to ``tip_id``: the path itself when it fits,
     else a reusable record's view plus what follows it, else the ladder's result
-    (recorded, with its pages in the blob store)."""
+    (recorded, with its pages in the blob store).
+
+    ``compact=False`` only reads: it never runs the ladder (no record, no rendering, no
+    model call) and answers with what the next request would start from (a reusable
+    record's view, else the path) and whether that fits. The browser's context panel
+    shows this on a GET."""
     from conversations.turns import transcript_for_model
 
     messages, resume = transcript_for_model(conversation=conversation, tip_id=tip_id)
@@ -255,17 +274,19 @@ def context_build(
 
     view = view_of(messages)
     if view.fits():
-        return ContextResult(messages, budget, view.estimate(), True, resume=resume)
+        return ContextResult(messages, budget, view.estimate(), True, resume=resume, view=view)
     ids = [m["id"] for m in messages]
     record = _reusable_record(conversation, spec, ids)
     if record is not None:
         after = messages[ids.index(str(record.anchor_id)) + 1 :]
         reused = view_of([*record.view, *after])
-        if reused.fits():
+        if reused.fits() or not compact:
             return ContextResult(
-                list(reused.messages), budget, reused.estimate(), True,
-                record=record, reused=True, resume=resume,
+                list(reused.messages), budget, reused.estimate(), reused.fits(),
+                record=record, reused=True, resume=resume, view=reused,
             )  # fmt: skip
+    if not compact:
+        return ContextResult(messages, budget, view.estimate(), False, resume=resume, view=view)
     # Compact from the originals: pages are always drawn from the archived text.
     assert tip_id is not None  # an empty path always fits
     record, compacted = compaction_run(
@@ -276,15 +297,18 @@ def context_build(
         trigger=trigger,
         summarize=Summarizer(spec) if allow_summary else None,
         measure_ocr=measure_ocr,
+        progress=progress,
     )
+    ready = record.status == RecordStatus.READY
     return ContextResult(
-        compacted if record.status == RecordStatus.READY else messages,
+        compacted if ready else messages,
         budget,
         record.tokens_after,
-        record.status == RecordStatus.READY and record.tokens_after <= budget,
+        ready and record.tokens_after <= budget,
         reports=record.rungs,
         record=record,
         resume=resume,
+        view=view_of(compacted) if ready else view,
     )
 
 
@@ -298,6 +322,7 @@ def compaction_run(
     summarize: Summarizer | None,
     overflow: tuple[int | None, int | None] | None = None,
     measure_ocr: bool = False,
+    progress: Progress = _quiet,
 ) -> tuple[CompactionRecord, list[dict[str, Any]]]:
     """Run the ladder and keep the result as a record; also return the compacted
     messages (including any not yet persisted, named ``pending:…``, which the stored
@@ -308,17 +333,19 @@ def compaction_run(
     record in use."""
     started = time.monotonic()
     render = renderer_for(spec)
+    draw, ask = _reporting(render, summarize, progress)
+    progress({"stage": "ladder"})
     try:
         if overflow is not None:
             result: LadderResult = reactive(
                 view,
                 measured_tokens=overflow[0],
                 limit=overflow[1],
-                render=render,
-                summarize=summarize,
+                render=draw,
+                summarize=ask,
             )
         else:
-            result = run_ladder(view, render=render, summarize=summarize)
+            result = run_ladder(view, render=draw, summarize=ask)
     except (CompactionError, Exception) as exc:
         failed = CompactionRecord.objects.create(
             conversation=conversation,
@@ -337,6 +364,7 @@ def compaction_run(
     stored = [m for m in compacted.messages if not str(m["id"]).startswith(PENDING)]
     reports = [report_dict(r) for r in result.reports]
     summary_report = next((r for r in result.reports if r.rung == "summary"), None)
+    progress({"stage": "saving", "pages": len(pngs)})
     with transaction.atomic():
         blobs = {
             sha: tree_services.blob_store(owner=conversation.owner, data=png)
@@ -380,8 +408,32 @@ def compaction_run(
         ]
         SnapshotPage.objects.bulk_create(pages)
     if measure_ocr:
-        pages_measure_ocr(record=record, render=render)
+        pages_measure_ocr(record=record, render=render, progress=progress)
     return record, list(compacted.messages)
+
+
+def _reporting(
+    render: CapturingRenderer | None, summarize: Summarizer | None, progress: Progress
+) -> tuple[Any, Any]:
+    """The renderer and summariser as the ladder calls them, telling ``progress`` what
+    they are doing. A renderer draws all of a middle's pages in one call, so rendering
+    reports how many pages each attempt drew, not a page at a time."""
+    attempts: list[int] = []
+
+    def draw(segments: Any, **options: Any) -> Any:
+        assert render is not None
+        progress({"stage": "rendering pages", "attempt": len(attempts) + 1, "pages": sum(attempts)})
+        result = render(segments, **options)
+        attempts.append(len(result.pages))
+        progress({"stage": "rendering pages", "attempt": len(attempts), "pages": sum(attempts)})
+        return result
+
+    def ask(prompt: list[dict[str, Any]]) -> str:
+        assert summarize is not None
+        progress({"stage": "summary", "calls": len(summarize.calls) + 1})
+        return summarize(prompt)
+
+    return (draw if render else None), (ask if summarize else None)
 
 
 def _head_end(result: LadderResult, view: ContextView) -> Any:
@@ -458,7 +510,12 @@ def job_claim(*, job_id: Any, lease_seconds: int) -> CompactionJob | None:
 
 
 def job_run(*, job: CompactionJob) -> CompactionRecord | None:
+    """Build the context for the job's anchor, writing each stage to ``job.progress`` as
+    it starts (the browser polls it) and the outcome at the end."""
     from conversations.providers import resolve_model
+
+    def progress(stage: dict[str, Any]) -> None:
+        CompactionJob.objects.filter(pk=job.pk).update(progress=stage, updated_at=timezone.now())
 
     try:
         spec = resolve_model(job.model)
@@ -468,6 +525,7 @@ def job_run(*, job: CompactionJob) -> CompactionRecord | None:
             tip_id=job.anchor_id,
             trigger=job.trigger,
             measure_ocr=True,
+            progress=progress,
         )
     except Exception as exc:
         CompactionJob.objects.filter(pk=job.pk).update(
@@ -480,6 +538,11 @@ def job_run(*, job: CompactionJob) -> CompactionRecord | None:
         state=JobState.FAILED if failed else JobState.DONE,
         record=record,
         error=record.error if failed and record else "",
-        progress={"fits": result.fits, "estimate": result.estimate, "budget": result.budget},
+        progress={
+            "stage": "done",
+            "fits": result.fits,
+            "estimate": result.estimate,
+            "budget": result.budget,
+        },
     )
     return record

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from django import forms
 
-from compaction.models import RecordStatus, Trigger
 from conversations.importers import FORMATS
 from conversations.services import ForkScope
 
@@ -72,10 +71,3 @@ class ImportForm(forms.Form):
 
 class TokenForm(forms.Form):
     name = forms.CharField(max_length=100)
-
-
-class AuditFilterForm(forms.Form):
-    status = forms.ChoiceField(choices=[("", "any status"), *RecordStatus.choices], required=False)
-    trigger = forms.ChoiceField(choices=[("", "any trigger"), *Trigger.choices], required=False)
-    model = forms.CharField(max_length=200, required=False)
-    conversation = forms.UUIDField(required=False)

@@ -19,11 +19,7 @@ from typing import Any
 from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
-from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
-from django.db.models import QuerySet
 from django.http import (
-    FileResponse,
     Http404,
     HttpRequest,
     HttpResponse,
@@ -37,12 +33,10 @@ from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from compaction.models import CompactionRecord, SnapshotPage
 from conversations import forms, selectors, services, turns
 from conversations.errors import ArborError, NotFound, StaleVersion
 from conversations.models import (
     ApiToken,
-    Blob,
     Checkpoint,
     CheckpointState,
     Conversation,
@@ -51,11 +45,11 @@ from conversations.models import (
     Origin,
     Role,
 )
-from conversations.parts import image_blobs
 from conversations.streaming import event_stream
 from conversations.treemap import Item, Row, RunStub, TreeMap, shown_ids
 
 CHAT_WINDOW = 300  # messages the chat view shows before "show earlier"
+MESSAGE_HITS = 20  # message search hits a page of the conversation list shows
 
 # --- helpers -------------------------------------------------------------------------
 
@@ -108,11 +102,6 @@ def _user(request: HttpRequest) -> User:
     return request.user
 
 
-def _require_staff(request: HttpRequest) -> None:
-    if not request.user.is_staff:
-        raise PermissionDenied("staff only")
-
-
 # --- conversation list ---------------------------------------------------------------
 
 
@@ -123,6 +112,9 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
     try:
         page = selectors.conversation_page(
             user=request.user, q=q, cursor=request.GET.get("cursor") or None, limit=50
+        )
+        hits = selectors.message_search(
+            user=request.user, q=q, cursor=request.GET.get("mcursor") or None, limit=MESSAGE_HITS
         )
     except ArborError:
         raise Http404("bad cursor") from None
@@ -138,6 +130,8 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
         {
             "items": items,
             "next_cursor": page.next_cursor,
+            "hits": hits.items,
+            "hits_cursor": hits.next_cursor,
             "q": q,
             "form": forms.ConversationForm(),
         },
@@ -172,11 +166,20 @@ def conversation_delete(request: HttpRequest, cid: str) -> HttpResponse:
 # --- chat ----------------------------------------------------------------------------
 
 
-def _chat_context(request: HttpRequest, conv: Conversation, notice: str = "") -> dict[str, Any]:
-    path = selectors.message_path(conversation_id=conv.pk, tip_id=conv.tip_id)
+def _chat_context(
+    request: HttpRequest, conv: Conversation, notice: str = "", focus: uuid.UUID | None = None
+) -> dict[str, Any]:
+    """The chat view of the current branch or, given a ``focus`` message off it, of the
+    branch through that message (shown only: the tip stays where it is)."""
+    leaf = conv.tip_id
+    if focus is not None:
+        leaf = selectors.message_branch_leaf(conversation=conv, message_id=focus)
+    path = selectors.message_path(conversation_id=conv.pk, tip_id=leaf)
     earlier = 0
     if len(path) > CHAT_WINDOW and not request.GET.get("all"):
         earlier = len(path) - CHAT_WINDOW
+        if focus is not None:  # the window reaches back to the message asked for
+            earlier = min(earlier, next(i for i, m in enumerate(path) if m.id == focus))
         path = path[earlier:]
     siblings = selectors.sibling_positions(conversation=conv, messages=path)
     checkpoints: dict[uuid.UUID, list[Checkpoint]] = defaultdict(list)
@@ -213,6 +216,9 @@ def _chat_context(request: HttpRequest, conv: Conversation, notice: str = "") ->
         "rows": rows,
         "earlier": earlier,
         "tip": conv.tip_id,
+        "leaf": leaf,
+        "focus": focus,
+        "elsewhere": leaf != conv.tip_id,
         "origin": origin,
         "forks": fork_list,
         "notice": notice,
@@ -224,8 +230,13 @@ def _chat_context(request: HttpRequest, conv: Conversation, notice: str = "") ->
 @login_required
 @require_GET
 def conversation_detail(request: HttpRequest, cid: str) -> HttpResponse:
+    """The current branch; with ``?m=<message>`` (a search hit) the branch through that
+    message, without moving the tip on a GET."""
     conv = _conversation(request, cid)
-    return _render(request, "conversations/detail.html", "chat", _chat_context(request, conv))
+    focus = _message(conv, request.GET["m"]).pk if "m" in request.GET else None
+    return _render(
+        request, "conversations/detail.html", "chat", _chat_context(request, conv, focus=focus)
+    )
 
 
 def _wants_stream(request: HttpRequest) -> bool:
@@ -595,77 +606,6 @@ def compare(request: HttpRequest, cid: str) -> HttpResponse:
         "conversations/compare.html",
         {"conversation": conv, "columns": columns, "version": conv.version},
     )
-
-
-# --- compaction audit (staff) --------------------------------------------------------
-
-
-@login_required
-@require_GET
-def audit_list(request: HttpRequest) -> HttpResponse:
-    _require_staff(request)
-    form = forms.AuditFilterForm(request.GET or None)
-    records: QuerySet[CompactionRecord] = CompactionRecord.objects.select_related(
-        "conversation"
-    ).order_by("-created_at")
-    if form.is_valid():
-        data = form.cleaned_data
-        for name in ("status", "trigger", "model"):
-            if data[name]:
-                records = records.filter(**{name: data[name]})
-        if data["conversation"]:
-            records = records.filter(conversation_id=data["conversation"])
-    page = Paginator(records, 50).get_page(request.GET.get("page"))
-    return _render(request, "compaction/audit_list.html", "records", {"form": form, "page": page})
-
-
-def _record(request: HttpRequest, rid: str) -> CompactionRecord:
-    _require_staff(request)
-    try:
-        return CompactionRecord.objects.select_related("conversation", "anchor").get(
-            pk=uuid.UUID(str(rid))
-        )
-    except (ValueError, CompactionRecord.DoesNotExist):
-        raise Http404("no such record") from None
-
-
-@login_required
-@require_GET
-def audit_detail(request: HttpRequest, rid: str) -> HttpResponse:
-    record = _record(request, rid)
-    originals = selectors.message_path(
-        conversation_id=record.conversation_id, tip_id=record.anchor_id
-    )
-    return render(
-        request,
-        "compaction/audit_detail.html",
-        {
-            "record": record,
-            "originals": originals,
-            "view": record.view if isinstance(record.view, list) else [],
-            "pages": list(SnapshotPage.objects.filter(record=record).order_by("index")),
-            "rungs": record.rungs if isinstance(record.rungs, list) else [],
-        },
-    )
-
-
-@login_required
-@require_GET
-def audit_blob(request: HttpRequest, rid: str, sha256: str) -> FileResponse:
-    """A page image (or another image the record's view names), for staff: the blob
-    API only serves a blob to the users who uploaded it."""
-    record = _record(request, rid)
-    named = {p.blob_id for p in SnapshotPage.objects.filter(record=record)}
-    for message in record.view if isinstance(record.view, list) else []:
-        if isinstance(message, dict):
-            named.update(image_blobs(message.get("parts") or []))
-    blob = Blob.objects.filter(sha256=sha256).first() if sha256 in named else None
-    if blob is None:
-        raise Http404("no such page")
-    response = FileResponse(blob.file.open("rb"), content_type=blob.mime)
-    response["Cache-Control"] = "private, max-age=3600"
-    response["X-Content-Type-Options"] = "nosniff"
-    return response
 
 
 # --- import and settings -------------------------------------------------------------

@@ -166,4 +166,14 @@
       if (el) el.focus();
     }, 0);
   });
+
+  // A filter form shows its validation errors: htmx leaves 4xx answers unswapped, so
+  // swap a 400 from inside [data-swap-errors] like a 200 (it carries the form's errors).
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    var elt = event.detail.requestConfig && event.detail.requestConfig.elt;
+    if (event.detail.xhr.status === 400 && elt && elt.closest && elt.closest("[data-swap-errors]")) {
+      event.detail.shouldSwap = true;
+      event.detail.isError = false;
+    }
+  });
 })();

@@ -79,11 +79,15 @@ class UiBase(TestCase):
         c = self.conv.pk
         return [
             f"/c/{c}/",
+            f"/c/{c}/?m={self.nodes['more'].pk}",
             f"/c/{c}/tree/",
             f"/c/{c}/checkpoints/",
             f"/c/{c}/delete/",
             f"/c/{c}/compare/?m={self.nodes['more'].pk}&m={self.nodes['other'].pk}",
             f"/c/{c}/tree/?from={self.nodes['more'].pk}",
+            f"/c/{c}/context/",
+            f"/c/{c}/compactions/{self.record.pk}/",
+            f"/c/{c}/compactions/{self.record.pk}/blobs/{self.blob.pk}/",
         ]
 
     def conv_posts(self) -> list[tuple[str, dict[str, str]]]:
@@ -98,6 +102,7 @@ class UiBase(TestCase):
             (f"/c/{c}/tip/", {"message": str(m["more"].pk), "version": v}),
             (f"/c/{c}/checkpoints/", {"label": "x"}),
             (f"/c/{c}/rewind/", {"label": "start", "version": v}),
+            (f"/c/{c}/compact/", {}),
             (f"/c/{c}/delete/", {}),
         ]
 
@@ -139,6 +144,12 @@ class AccessTests(UiBase):
         self.conv.refresh_from_db()
         assert self.conv.messages.count() == 4 and Conversation.objects.count() == 1
         assert Checkpoint.objects.filter(conversation=self.conv).count() == 1
+        # Nor does another user's message open through the stranger's own conversation.
+        own, _ = new_conversation(self.bob, "mine")
+        assert self.client.get(f"/c/{own.pk}/?m={self.nodes['more'].pk}").status_code == 404
+        # And the list's search finds none of the owner's titles or messages.
+        for q in ("plans", "hello", "more"):
+            assert str(self.conv.pk) not in self.client.get(f"/?q={q}").content.decode(), q
 
     def test_a_message_of_another_conversation_is_404(self) -> None:
         _, nodes = new_conversation(self.alice, "q>a", title="second")
@@ -150,6 +161,8 @@ class AccessTests(UiBase):
             == 404
         )
         assert self.client.post(f"/c/{c}/m/{foreign}/select/", {"version": 0}).status_code == 404
+        assert self.client.get(f"/c/{c}/?m={foreign}").status_code == 404
+        assert self.client.get(f"/c/{c}/?m=not-a-uuid").status_code == 404
         assert (
             self.client.get(
                 f"/c/{c}/tree/?from={foreign}", headers={"HX-Request": "true"}
