@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from compaction.render.pcf import Glyph, PcfFont
 from compaction.render.profiles import FONT_DIR, Density
+from compaction.render.redrawn import REDRAWN, redrawn_glyphs
 
 INVERT = 0xF0000  # display code point of a white-on-black BMP character (plane 15 PUA)
 # A newline is drawn as ↵ and a tab as ▸; the layout never breaks a row on either. Both
@@ -64,19 +65,25 @@ class FontStack:
             for font, face in zip(self.fonts, density.faces, strict=True)
         ]
         self.base_box = self.boxes[0]
+        # Glyphs drawn over a font's own where its shape is misread (redrawn.py).
+        self.redrawn = [
+            redrawn_glyphs(face.file, ascent=font.ascent, descent=font.descent)
+            for font, face in zip(self.fonts, density.faces, strict=True)
+        ]
         latin = self.fonts[0].glyph(ord("M"))
         assert latin is not None, "the first font must cover ASCII"
         self.cell_width = latin.advance
         digest = hashlib.sha256()
         for face in density.faces:
             digest.update((FONT_DIR / face.file).read_bytes())
+            digest.update(repr(sorted(REDRAWN.get(face.file, {}).items())).encode())
         self.digest = digest.hexdigest()[:16]
 
     def find(self, codepoint: int) -> tuple[Glyph, Box] | None:
         if codepoint > 0xFFFF:
             return None
-        for font, box in zip(self.fonts, self.boxes, strict=True):
-            glyph = font.glyph(codepoint)
+        for font, box, redrawn in zip(self.fonts, self.boxes, self.redrawn, strict=True):
+            glyph = redrawn.get(codepoint) or font.glyph(codepoint)
             if glyph is not None and glyph.advance > 0:
                 return glyph, box
         return None
