@@ -772,6 +772,7 @@ def snapshot(
         page_tokens=sum(p.billed_tokens for p in pages),
         chars=sum(p.chars for p in pages),
         head_end=split.head_end,
+        head_last_id=_head_last_id(view, split),
         tail_start=split.tail_start,
         settings=dict(result.settings),
         missing_glyphs=result.missing_glyphs,
@@ -955,8 +956,14 @@ def summarize_middle(
         request_tokens=list(summarizer.requests),
         request_capacity=summarizer.capacity,
         head_end=split.head_end,
+        head_last_id=_head_last_id(view, split),
         tail_start=split.tail_start,
     )
+
+
+def _head_last_id(view: ContextView, split: Split) -> str | None:
+    """The id of the last message kept verbatim at the head, if any."""
+    return str(view.messages[split.head_end - 1]["id"]) if split.head_end > 0 else None
 
 
 # --- the driver -------------------------------------------------------------------------------

@@ -437,10 +437,16 @@ def _reporting(
 
 
 def _head_end(result: LadderResult, view: ContextView) -> Any:
+    """The last head message of the rung that split the view (snapshot or summary), when
+    it is a stored message (not an earlier record's synthetic one)."""
     for report in result.reports:
-        head_end = report.details.get("head_end")
-        if head_end:
-            return head_end if Message.objects.filter(pk=head_end).exists() else None
+        head_last = report.details.get("head_last_id")
+        if head_last:
+            try:
+                pk = uuid.UUID(str(head_last))
+            except ValueError:
+                return None
+            return pk if Message.objects.filter(pk=pk).exists() else None
     return None
 
 

@@ -172,6 +172,7 @@ class ReactiveTests(TestCase):
         assert calibration.reported_limit == 4000 and calibration.factor >= 1.0
         record = CompactionRecord.objects.get(conversation=conv, trigger="reactive")
         assert record.status == "ready" and [r["rung"] for r in record.rungs] == ["summary"]
+        assert record.head_end_id is not None
         # The provider's own count of the request built from the record is kept on it.
         assert record.measured_next_tokens == log[-1].prompt_tokens
         # Summary only because nothing cheaper could help: every result was an error.
@@ -211,6 +212,10 @@ class SnapshotJobTests(TestCase):
         record = CompactionRecord.objects.get(pk=job.record_id)
         assert [r["rung"] for r in record.rungs][-1] == "snapshot", record.rungs
         assert record.model_calls == 0 and record.tokens_after <= record.budget_tokens
+        # The head kept verbatim ends with the first turn, just above the first page.
+        head_last = Message.objects.get(pk=record.head_end_id, conversation=conv)
+        first_covered = Message.objects.get(pk=record.rungs[-1]["replaced"][0]["message"])
+        assert first_covered.depth == head_last.depth + 1
         pages = list(record.pages.all())
         assert pages
         for page in pages:
