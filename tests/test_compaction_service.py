@@ -213,6 +213,7 @@ class SnapshotJobTests(TestCase):
         assert [r["rung"] for r in record.rungs][-1] == "snapshot", record.rungs
         assert record.model_calls == 0 and record.tokens_after <= record.budget_tokens
         # The head kept verbatim ends with the first turn, just above the first page.
+        assert record.head_end_id is not None
         head_last = Message.objects.get(pk=record.head_end_id, conversation=conv)
         first_covered = Message.objects.get(pk=record.rungs[-1]["replaced"][0]["message"])
         assert first_covered.depth == head_last.depth + 1
