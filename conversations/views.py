@@ -16,6 +16,7 @@ from collections import defaultdict
 from difflib import SequenceMatcher
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
@@ -45,6 +46,8 @@ from conversations.models import (
     Origin,
     Role,
 )
+from conversations.providers import registry
+from conversations.providers.registry import ModelSpec
 from conversations.streaming import event_stream
 from conversations.treemap import Item, Row, RunStub, TreeMap, shown_ids
 
@@ -640,10 +643,33 @@ def import_job(request: HttpRequest, job_id: str) -> HttpResponse:
     return _render(request, "conversations/import_job.html", "progress", {"job": job})
 
 
+def _configured_models(*, staff: bool) -> tuple[list[ModelSpec], str]:
+    """The default model and those the operator declared (the ARBOR_MODELS file), with
+    the limits Arbor budgets for. A bad file is an error on the page, not a 500; only
+    staff see its details (they name paths on the server)."""
+    default = settings.ARBOR_DEFAULT_MODEL
+    try:
+        declared = registry.declared_models()
+    except ValueError as exc:
+        declared, error = {}, str(exc)
+    else:
+        error = ""
+    models: list[ModelSpec] = []
+    for model_id in [default, *sorted(set(declared) - {default})]:
+        try:
+            models.append(registry.resolve_model(model_id))
+        except ValueError as exc:
+            error = f"{error} {exc}".strip()
+    if error and not staff:
+        error = f"The {registry.MODELS_ENV} file has a problem: ask an operator to check it."
+    return models, error
+
+
 @login_required
 @require_http_methods(["GET", "POST"])
 def settings_page(request: HttpRequest) -> HttpResponse:
     form = forms.TokenForm(request.POST or None)
+    models, models_error = _configured_models(staff=request.user.is_staff)
     secret = ""
     status = 200
     if request.method == "POST":
@@ -662,6 +688,9 @@ def settings_page(request: HttpRequest) -> HttpResponse:
             "form": form,
             "secret": secret,
             "tokens": ApiToken.objects.filter(user=_user(request)).order_by("-created_at"),
+            "models": models,
+            "models_error": models_error,
+            "default_model": settings.ARBOR_DEFAULT_MODEL,
         },
         status=status,
     )

@@ -209,7 +209,7 @@ class TreeToolsTests(BrowserTestCase):
         page = self.page
         page.goto(self.url(f"/c/{self.conv.pk}/tree/"))
         assert page.locator(".node.is-tip").count() == 1
-        page.click("button:has-text('another branch')")
+        page.click("a.expand:has-text('another branch')")
         page.wait_for_selector(f"#node-{self.nodes['more'].pk}")
         self.shot("tree")
         page.click(f"#node-{self.nodes['the quick brown fox'].pk} .node-button")

@@ -255,5 +255,5 @@ class TreeMapMarksTests(TestCase):
         body = self.client.get(f"/c/{conv.pk}/tree/").content.decode()
         assert "⚑ base (model)" in body
         assert "↶ rewind to ⚑ base" in body
-        assert f'href="#node-{explored_tip}"' in body
+        assert f'href="/c/{conv.pk}/?m={explored_tip}#msg-{explored_tip}"' in body
         assert f'id="node-{result.digest_message}"' in body
