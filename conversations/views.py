@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections import defaultdict
-from difflib import SequenceMatcher
 from typing import Any
 
 from django.conf import settings
@@ -30,10 +29,9 @@ from django.http import (
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.cache import add_never_cache_headers, patch_vary_headers
-from django.utils.html import escape
-from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from conversations import compare as comparing
 from conversations import forms, selectors, services, turns
 from conversations.errors import ArborError, NotFound, StaleVersion
 from conversations.models import (
@@ -555,59 +553,27 @@ def _parse_node(value: str | None, tree_map: TreeMap) -> uuid.UUID:
 # --- compare -------------------------------------------------------------------------
 
 
-def _plain_text(message: Message) -> str:
-    bits: list[str] = []
-    for part in message.parts:
-        if part.get("type") == "text":
-            bits.append(part.get("text", ""))
-        elif part.get("type") == "tool_call":
-            bits.append(f"[call {part.get('name')}]")
-        elif part.get("type") == "tool_result":
-            bits.extend(p.get("text", "") for p in part.get("parts", []) if p.get("type") == "text")
-        elif part.get("type") == "image":
-            bits.append("[image]")
-    return "\n".join(bits)
-
-
-def word_diff(old: str, new: str) -> tuple[SafeString, SafeString]:
-    """Word-level diff (difflib): the old text with deletions marked, the new with
-    insertions marked. Every piece of text is escaped."""
-    a, b = old.split(), new.split()
-    left: list[str] = []
-    right: list[str] = []
-    for op, i1, i2, j1, j2 in SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
-        old_words, new_words = escape(" ".join(a[i1:i2])), escape(" ".join(b[j1:j2]))
-        if op == "equal":
-            left.append(old_words)
-            right.append(new_words)
-        else:
-            if old_words:
-                left.append(f"<del>{old_words}</del>")
-            if new_words:
-                right.append(f"<ins>{new_words}</ins>")
-    return mark_safe(" ".join(left)), mark_safe(" ".join(right))  # escaped above
-
-
 @login_required
 @require_GET
 def compare(request: HttpRequest, cid: str) -> HttpResponse:
+    """Two to four siblings, or two branches, side by side with a word diff; with fewer
+    than two chosen, a list of recent leaves to pick branches from."""
     conv = _conversation(request, cid)
-    chosen = [_message(conv, mid) for mid in request.GET.getlist("m")[:4]]
-    columns: list[dict[str, Any]] = []
-    if len(chosen) >= 2:
-        base = _plain_text(chosen[0])
-        for i, m in enumerate(chosen):
-            if i == 0:
-                text = escape(base)
-            else:
-                old, text = word_diff(base, _plain_text(m))
-                if i == 1:
-                    columns[0]["text"] = old
-            columns.append({"m": m, "text": text})
+    ids = comparing.parse_ids(request.GET.getlist("m")[: comparing.MAX_CHOSEN])
+    if ids is None:
+        raise Http404("no such message")
+    chosen = [_message(conv, mid) for mid in ids]
+    comparison = comparing.compare(conversation=conv, chosen=chosen) if len(chosen) >= 2 else None
     return render(
         request,
         "conversations/compare.html",
-        {"conversation": conv, "columns": columns, "version": conv.version},
+        {
+            "conversation": conv,
+            "comparison": comparison,
+            "chosen": {m.pk for m in chosen},
+            "leaves": comparing.recent_leaves(conversation=conv),
+            "version": conv.version,
+        },
     )
 
 

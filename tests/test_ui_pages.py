@@ -23,7 +23,7 @@ from conversations.models import (
     Message,
 )
 from conversations.providers.fake import FakeLLMServer
-from conversations.views import word_diff
+from conversations.compare import word_diff
 from tests.builders import make_user, new_conversation, text
 from tests.fake_models import serve_fake_models
 
