@@ -15,10 +15,12 @@ from django.core.management.base import CommandError
 from django.db.models import Count
 from django.test import TestCase, TransactionTestCase, override_settings
 
+from compaction.models import CompactionRecord
 from conversations import selectors
 from conversations.management.commands.bench_tree import BENCH_USERNAME
-from conversations.management.commands.seed_demo import DEMO_TITLE
+from conversations.management.commands.seed_demo import DEMO_TITLE, LONG_MODEL, LONG_TITLE
 from conversations.models import ApiToken, Checkpoint, Conversation, Message
+from conversations.providers import resolve_model
 from tests.builders import make_user, new_conversation
 
 
@@ -102,6 +104,19 @@ class SeedDemoTests(TestCase):
         count = Conversation.objects.filter(owner=admin).count()
         run("seed_demo")
         assert Conversation.objects.filter(owner=admin).count() == count
+
+    def test_it_builds_a_long_session_compacted_with_the_free_rungs(self) -> None:
+        out, _ = run("seed_demo")
+        admin = get_user_model().objects.get(username="admin")
+        long = Conversation.objects.get(owner=admin, title=LONG_TITLE)
+        record = CompactionRecord.objects.get(conversation=long)
+        # Larger than the demo model's window, brought under its budget by pages alone.
+        assert record.status == "ready" and record.anchor_id == long.tip_id
+        assert record.tokens_before > resolve_model(LONG_MODEL).context_window
+        assert record.tokens_after <= record.budget_tokens
+        assert record.model_calls == 0 and record.rungs[-1]["rung"] == "snapshot"
+        assert record.pages.count() >= 2
+        assert f'"{LONG_TITLE}"' in out and "after compaction (snapshot)" in out
 
     def test_it_builds_the_demo_tree(self) -> None:
         run("seed_demo")

@@ -32,10 +32,41 @@ SAMPLE_FILES = [
     ("pi/pi-mono__compact.jsonl", "pi"),
 ]
 FORK_TITLE = "Demo fork: a Jeju food day"
+LONG_TITLE = "Demo: a long agent session (compacted)"
+LONG_MODEL = "fake/demo"  # a 16k-token window with vision: the session is far larger
 
 
 def _text(value: str) -> list[dict[str, Any]]:
     return [{"type": "text", "text": value}]
+
+
+_CURRENCIES = ("EUR", "JPY", "KRW", "USD")
+
+
+def _failing_run(step: int) -> str:
+    """A made-up pytest failure log for the long demo session (about 3,500 characters)."""
+    lines = [f"$ pytest -q tests/test_invoices_{step % 6}.py -vv", ""]
+    for case in range(40):
+        amount = 1000 + step * 37 + case * 13
+        verdict = "FAILED" if (case + step) % 4 == 0 else "PASSED"
+        lines.append(
+            f"tests/test_invoices_{step % 6}.py::test_round_{_CURRENCIES[case % 4].lower()}"
+            f"_{case:02d}[{amount}.{case:02d}] {verdict}"
+        )
+    lines += [
+        "",
+        "=" * 30 + " FAILURES " + "=" * 30,
+        f"_____ test_round_eur_{step % 40:02d} _____",
+        "    def test_round(amount, expected):",
+        ">       assert round_amount(amount, 'EUR') == expected",
+        f"E       AssertionError: assert Decimal('{step}.005') == Decimal('{step}.01')",
+        "E        +  where Decimal('0.005') = round_amount(Decimal('0.005'), 'EUR')",
+        "",
+        "billing/money.py:42: in round_amount",
+        "    return amount.quantize(EXPONENTS[currency], rounding=ROUND_HALF_EVEN)",
+        f"{3 + step % 3} failed, {15 - step % 3} passed in 0.{40 + step}s",
+    ]
+    return "\n".join(lines)
 
 
 def _user(value: str) -> dict[str, Any]:
@@ -74,6 +105,7 @@ class Command(BaseCommand):
         if demo is None:
             demo = self._build_demo(admin)
             self.stdout.write(f'Created the demo conversation "{DEMO_TITLE}".')
+            self._build_long_session(admin)
             # With the demo, once: a second run finds the demo and imports nothing.
             self._import_samples(admin)
         else:
@@ -275,6 +307,73 @@ class Command(BaseCommand):
         )
         conv.refresh_from_db()
         return conv
+
+    # --- a compacted agent session -----------------------------------------------------
+
+    @transaction.atomic
+    def _build_long_session(self, admin: Any) -> None:
+        """An agent session about 1.5x the demo model's window whose tool results all
+        failed (so elision cannot help), compacted once with the free rungs: the context
+        panel and the staff audit have snapshot pages to show. OCR is not measured here
+        (tens of seconds); "Compact now" on the panel measures it."""
+        from compaction.services import context_build
+        from conversations.providers import resolve_model
+
+        conv = services.conversation_create(
+            owner=admin,
+            title=LONG_TITLE,
+            model=LONG_MODEL,
+            system_prompt="You are a coding agent. Run the tests after every change.",
+        )
+        version, tip = conv.version, None
+        first = _user(
+            "The nightly build of the billing service fails. Find out why and fix it "
+            "without changing the public API; keep every currency rounding rule as it is."
+        )
+        for step in range(24):
+            call = {
+                "type": "tool_call",
+                "id": f"call_{step}",
+                "name": "run_tests",
+                "arguments": {"path": f"tests/test_invoices_{step % 6}.py", "verbose": True},
+            }
+            result = {
+                "type": "tool_result",
+                "call_id": f"call_{step}",
+                "is_error": True,
+                "parts": _text(_failing_run(step)),
+            }
+            turn = services.turn_append(
+                conversation=conv,
+                parent_id=tip,
+                expected_version=version,
+                messages=[
+                    first if step == 0 else _user(f"Go on with step {step + 1}."),
+                    {"role": "assistant", "parts": [call]},
+                    {"role": "tool", "parts": [result]},
+                    _assistant(
+                        f"Step {step + 1}: invoice {1000 + step} still rounds "
+                        f"{step % 3 + 1} cent(s) off in half-even mode; next I check "
+                        f"`round_amount()` in billing/money.py for the {_CURRENCIES[step % 4]} "
+                        "case."
+                    ),
+                ],
+            )
+            version, tip = turn.version, turn.tip
+        conv.refresh_from_db()
+        result = context_build(
+            conversation=conv,
+            spec=resolve_model(LONG_MODEL),
+            tip_id=conv.tip_id,
+            trigger="manual",
+            allow_summary=False,
+        )
+        record = result.record
+        rungs = [r["rung"] for r in record.rungs] if record is not None else []
+        self.stdout.write(
+            f'Created "{LONG_TITLE}": {result.estimate} of {result.budget} tokens after '
+            f"compaction ({', '.join(rungs) or 'none'})."
+        )
 
     def _summary(self, admin: Any, demo: Conversation) -> None:
         conversations = Conversation.objects.filter(owner=admin).count()
