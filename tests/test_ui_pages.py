@@ -13,6 +13,7 @@ from PIL import Image
 
 from compaction.models import CompactionRecord, RecordStatus, SnapshotPage, Trigger
 from conversations import selectors, services
+from conversations.compare import word_diff
 from conversations.markdown import render
 from conversations.models import (
     ApiToken,
@@ -23,7 +24,6 @@ from conversations.models import (
     Message,
 )
 from conversations.providers.fake import FakeLLMServer
-from conversations.compare import word_diff
 from tests.builders import make_user, new_conversation, text
 from tests.fake_models import serve_fake_models
 

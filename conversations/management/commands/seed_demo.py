@@ -361,17 +361,17 @@ class Command(BaseCommand):
             )
             version, tip = turn.version, turn.tip
         conv.refresh_from_db()
-        result = context_build(
+        built = context_build(
             conversation=conv,
             spec=resolve_model(LONG_MODEL),
             tip_id=conv.tip_id,
             trigger="manual",
             allow_summary=False,
         )
-        record = result.record
+        record = built.record
         rungs = [r["rung"] for r in record.rungs] if record is not None else []
         self.stdout.write(
-            f'Created "{LONG_TITLE}": {result.estimate} of {result.budget} tokens after '
+            f'Created "{LONG_TITLE}": {built.estimate} of {built.budget} tokens after '
             f"compaction ({', '.join(rungs) or 'none'})."
         )
 
