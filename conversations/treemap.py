@@ -120,12 +120,12 @@ class TreeMap:
             i = j
         return items
 
-    def run(self, first: uuid.UUID, count: int) -> list[Item]:
-        """An expanded run: up to RUN_CHUNK rows, then a stub for the rest."""
+    def run(self, first: uuid.UUID, count: int, chunk: int = RUN_CHUNK) -> list[Item]:
+        """An expanded run: up to ``chunk`` rows, then a stub for the rest."""
         items: list[Item] = []
         current: uuid.UUID | None = first
         shown = 0
-        while current is not None and shown < min(count, RUN_CHUNK):
+        while current is not None and shown < min(count, chunk):
             followed = self._follow(self.children[current])
             items.append(self._row(current, followed))
             current = followed

@@ -47,6 +47,7 @@ from conversations.models import (
 from conversations.providers import registry
 from conversations.providers.registry import ModelSpec
 from conversations.streaming import event_stream
+from conversations.treegraph import Graph, graph_layout
 from conversations.treemap import Item, Row, RunStub, TreeMap, shown_ids
 
 CHAT_WINDOW = 300  # messages the chat view shows before "show earlier"
@@ -354,14 +355,23 @@ def tip_set(request: HttpRequest, cid: str) -> HttpResponse:
     if not form.is_valid():
         return _form_error(form)
     target = _message(conv, form.cleaned_data["message"])
+    notice = ""
     try:
         services.tip_move(
             conversation=conv, message_id=target.pk, expected_version=form.cleaned_data["version"]
         )
     except StaleVersion:
-        flash.warning(request, "The conversation changed meanwhile; the tip did not move.")
-        return redirect("conversations:tree", cid=conv.pk)
-    return redirect(_detail_url(conv, target.pk))
+        notice = "The conversation changed meanwhile; the tip did not move."
+    if not _fragment(request):
+        if notice:
+            flash.warning(request, notice)
+            return redirect("conversations:tree", cid=conv.pk)
+        return redirect(_detail_url(conv, target.pk))
+    # From the tree graph: redraw the graph and the outline around the new path, keeping
+    # the branches the graph had open.
+    conv.refresh_from_db()
+    context = _tree_context(conv, request.POST.getlist("open"), notice=notice)
+    return _render(request, "conversations/tree.html", "view", context)
 
 
 @login_required
@@ -475,8 +485,10 @@ def _decorate(
     cps: dict[uuid.UUID, list[Checkpoint]],
     forks: dict[uuid.UUID, list[Conversation]],
     digests: dict[uuid.UUID, dict[str, Any]],
+    previews: dict[uuid.UUID, str] | None = None,
 ) -> list[dict[str, Any]]:
-    previews = selectors.message_previews(conversation=conv, ids=shown_ids(items))
+    if previews is None:
+        previews = selectors.message_previews(conversation=conv, ids=shown_ids(items))
     out: list[dict[str, Any]] = []
     for item in items:
         if isinstance(item, RunStub):
@@ -499,12 +511,40 @@ def _decorate(
     return out
 
 
-@login_required
-@require_GET
-def tree(request: HttpRequest, cid: str) -> HttpResponse:
-    """The whole tree. ``?from=<id>`` is the fragment for an expanded branch and
-    ``?run=<id>&n=<count>`` for an expanded run of quiet messages."""
-    conv = _conversation(request, cid)
+def _decorate_graph(
+    conv: Conversation,
+    graph: Graph,
+    previews: dict[uuid.UUID, str],
+    cps: dict[uuid.UUID, list[Checkpoint]],
+    forks: dict[uuid.UUID, list[Conversation]],
+    digests: dict[uuid.UUID, dict[str, Any]],
+) -> None:
+    """Give the graph's rows their text, marks and links (the same marks as the outline).
+    A message links to the chat view of its branch (where, without JavaScript, "Continue
+    from this branch" moves the tip); a stub or a fold links to this page with it open."""
+    detail = reverse("conversations:detail", args=[conv.pk])
+    page = reverse("conversations:tree", args=[conv.pk])
+    keep = "".join(f"open={mid}&" for mid in graph.opened)
+    for node in graph.nodes:
+        node.href = f"{detail}?m={node.id}#msg-{node.id}"
+        if node.kind == "message":
+            node.preview = previews.get(node.id, "")
+            node.checkpoints = cps.get(node.id, [])
+            node.forks = forks.get(node.id, [])
+            node.rewind = digests.get(node.id)
+        elif node.kind in ("stub", "run"):
+            node.open_url = f"{page}?{keep}open={node.id}"
+            node.href = f"{node.open_url}#tree-graph"
+
+
+def _tree_map(
+    conv: Conversation,
+) -> tuple[
+    TreeMap,
+    dict[uuid.UUID, list[Checkpoint]],
+    dict[uuid.UUID, list[Conversation]],
+    dict[uuid.UUID, dict[str, Any]],
+]:
     cps, forks, digests = _tree_annotations(conv)
     # Marked nodes are never folded into a quiet run: checkpoints, forks, rewinds and
     # the ends of the branches that rewinds abandoned.
@@ -514,9 +554,59 @@ def tree(request: HttpRequest, cid: str) -> HttpResponse:
         conv.tip_id,
         set(cps) | set(forks) | set(digests) | abandoned,
     )
+    return tree_map, cps, forks, digests
+
+
+def _opened(values: list[str]) -> list[uuid.UUID]:
+    """The ``open`` ids asked for. They only shape the drawing, so a malformed one is
+    ignored (and one not in this tree is dropped by the layout) rather than an error."""
+    out: list[uuid.UUID] = []
+    for value in values[:100]:
+        try:
+            out.append(uuid.UUID(value))
+        except ValueError:
+            continue
+    return out
+
+
+def _tree_context(
+    conv: Conversation, opened: list[str], *, outline: bool = True, notice: str = ""
+) -> dict[str, Any]:
+    """The tree page: the graph and (unless only the graph is redrawn) the outline, with
+    one preview query for both."""
+    tree_map, cps, forks, digests = _tree_map(conv)
+    graph = graph_layout(tree_map, _opened(opened))
+    main, other_roots = tree_map.roots()
+    items = tree_map.branch(main) if main and outline else []
+    previews = selectors.message_previews(
+        conversation=conv, ids=list({*shown_ids(items), *graph.message_ids()})
+    )
+    _decorate_graph(conv, graph, previews, cps, forks, digests)
+    return {
+        "conversation": conv,
+        "graph": graph,
+        "graph_vals": json.dumps(
+            {"version": str(conv.version), "open": [str(m) for m in graph.opened]}
+        ),
+        "items": _decorate(conv, tree_map, items, cps, forks, digests, previews),
+        "other_roots": other_roots,
+        "node_count": len(tree_map.nodes),
+        "notice": notice,
+    }
+
+
+@login_required
+@require_GET
+def tree(request: HttpRequest, cid: str) -> HttpResponse:
+    """The whole tree: a drawn graph above an outline. ``?open=<id>`` (repeatable) opens a
+    collapsed branch or a quiet stretch in the graph; for HTMX that is the graph fragment.
+    ``?from=<id>`` is the outline's fragment for an expanded branch and
+    ``?run=<id>&n=<count>`` for an expanded run of quiet messages."""
+    conv = _conversation(request, cid)
     template = "conversations/tree.html"
-    context: dict[str, Any] = {"conversation": conv}
     if _fragment(request) and ("from" in request.GET or "run" in request.GET):
+        tree_map, cps, forks, digests = _tree_map(conv)
+        context: dict[str, Any] = {"conversation": conv}
         start = _parse_node(request.GET.get("from") or request.GET.get("run"), tree_map)
         if "from" in request.GET:
             items = tree_map.branch(start)
@@ -530,14 +620,9 @@ def tree(request: HttpRequest, cid: str) -> HttpResponse:
             conv, tree_map, tree_map.run(start, count), cps, forks, digests
         )
         return _render(request, template, "rows", context)
-    main, other_roots = tree_map.roots()
-    items = tree_map.branch(main) if main else []
-    context.update(
-        items=_decorate(conv, tree_map, items, cps, forks, digests),
-        other_roots=other_roots,
-        node_count=len(tree_map.nodes),
-    )
-    return _render(request, template, None, context)
+    graph_only = _fragment(request)
+    context = _tree_context(conv, request.GET.getlist("open"), outline=not graph_only)
+    return _render(request, template, "graph" if graph_only else None, context)
 
 
 def _parse_node(value: str | None, tree_map: TreeMap) -> uuid.UUID:

@@ -167,6 +167,35 @@
     }, 0);
   });
 
+  // The tree graph: its box scrolls to the tip on load and after each redraw; after the
+  // tip moved there, the keyboard stays on the (redrawn) tip.
+  function showGraphTip(focus) {
+    var box = document.querySelector("#tree-graph .graph-box");
+    var tip = box && box.querySelector(".gnode.is-tip");
+    if (!tip) return;
+    var boxRect = box.getBoundingClientRect();
+    var tipRect = tip.getBoundingClientRect();
+    box.scrollTop += tipRect.top - boxRect.top - box.clientHeight / 2;
+    if (focus) {
+      var link = tip.querySelector("a");
+      if (link) link.focus({ preventScroll: true });
+    }
+  }
+  document.addEventListener("DOMContentLoaded", function () { showGraphTip(false); });
+  // Opening a branch only adds rows below the one clicked, so the box keeps its scroll.
+  var graphScroll = null;
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var box = document.querySelector("#tree-graph .graph-box");
+    graphScroll = box && box.contains(event.target) && event.target.hasAttribute("hx-get") ? box.scrollTop : null;
+  });
+  document.addEventListener("htmx:load", function (event) {
+    var id = event.target && event.target.id;
+    var box = document.querySelector("#tree-graph .graph-box");
+    if (id === "tree-graph" && box && graphScroll !== null) box.scrollTop = graphScroll;
+    else if (id === "tree-view" || id === "tree-graph") showGraphTip(id === "tree-view");
+    graphScroll = null;
+  });
+
   // A filter form shows its validation errors: htmx leaves 4xx answers unswapped, so
   // swap a 400 from inside [data-swap-errors] like a 200 (it carries the form's errors).
   document.addEventListener("htmx:beforeSwap", function (event) {

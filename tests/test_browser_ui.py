@@ -271,6 +271,8 @@ class XssTests(BrowserTestCase):
     is fetched from outside."""
 
     PAYLOADS = [
+        # First, so it is in the previews the tree graph puts in SVG <title> and <text>.
+        '</text></title><script>alert(1)</script>" onload="alert(1)',
         "<script>alert(1)</script>",
         "<img src=x onerror=alert(1)>",
         '<a href="javascript:alert(1)" id="jslink">raw link</a>',
@@ -324,6 +326,9 @@ class XssTests(BrowserTestCase):
             page.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")
             page.wait_for_timeout(300)
             assert page.evaluate("window.__xss") == 0, path
+            if path.endswith("/tree/"):  # the graph drew the hostile previews as text
+                assert page.locator("svg.tg .gnode").count() >= 4
+                assert page.locator("svg.tg script").count() == 0
         page.goto(self.url(f"/c/{conv.pk}/"))
         page.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")
         hrefs = page.eval_on_selector_all("#path a", "els => els.map(e => e.getAttribute('href'))")

@@ -1,0 +1,160 @@
+"""The tree graph in a real browser (the set-up of tests/test_browser_ui.py): htmx acts on
+the SVG's links, so a click on a node moves the tip on the server and redraws the graph and
+the outline without a page load, and a "+N" stub opens in place; without JavaScript the
+same links are plain page loads; on a phone the drawing scrolls in its own box."""
+
+from __future__ import annotations
+
+import re
+
+from conversations import services
+from conversations.models import Conversation, Message
+from tests.builders import make_user, new_conversation, text
+from tests.test_browser_phone import PHONE
+from tests.test_browser_ui import INIT_SCRIPT, SCREENSHOTS, BrowserTestCase
+
+
+class TreeGraphTests(BrowserTestCase):
+    def setUp(self) -> None:
+        super().setUp()
+        self.user = make_user("alice")
+        self.conv, self.nodes = new_conversation(
+            self.user,
+            "plan>the quick brown fox>more>and more, the quick brown fox>a detour,"
+            " plan>the slow brown fox>other",
+            title="Branchy",
+        )  # the tip: `other`
+        services.checkpoint_create(
+            conversation=self.conv, label="after-plan", message_id=self.nodes["plan"].pk
+        )
+        services.conversation_fork(
+            message=self.nodes["the slow brown fox"], owner=self.user, title="A fork"
+        )
+        self.conv.refresh_from_db()
+        self.sign_in("alice")
+
+    def node(self, name: str) -> str:
+        return f"#gn-{self.nodes[name].pk}"
+
+    def use(self, options: dict[str, object]) -> None:
+        """A fresh browser context with these options (and sign in again)."""
+        self.context.close()
+        self.context = self.browser.new_context(**options)
+        self.context.add_init_script(INIT_SCRIPT)
+        self.addCleanup(self.context.close)
+        self.page = self.context.new_page()
+        self.page.set_default_timeout(15_000)
+        self.page.on("request", self._record_request)
+        self.page.on("console", self._record_console)
+        self.sign_in("alice")
+
+    def assert_no_sideways_scroll(self, width: int) -> None:
+        scroll, inner = self.page.evaluate(
+            "() => [document.documentElement.scrollWidth, window.innerWidth]"
+        )
+        assert inner == width and scroll <= inner, (scroll, inner)
+
+    def test_click_a_node_to_move_the_tip_and_open_a_stub_in_place(self) -> None:
+        page = self.page
+        page.goto(self.url(f"/c/{self.conv.pk}/tree/"))
+        page.evaluate("window.__samePage = true")  # gone if anything loads a new page
+        assert page.locator("svg.tg .gnode.is-tip").count() == 1
+        assert "on-path" in (page.get_attribute(self.node("other"), "class") or "")
+        assert page.locator("svg.tg .edge.on-path").count() == 2
+        # Marks: the checkpoint on `plan`, the fork on `the slow brown fox`.
+        assert page.locator(f"{self.node('plan')} .mark.checkpoint").count() == 1
+        assert page.locator(f"{self.node('the slow brown fox')} .mark.fork").count() == 1
+
+        # Open the collapsed branch: the graph alone is redrawn, the URL keeps the state.
+        stub = page.locator("svg.tg .gnode.stub a").first
+        assert "+4" in (stub.text_content() or "")
+        stub.click()
+        page.wait_for_selector(self.node("the quick brown fox"))
+        assert re.search(r"/tree/\?open=[0-9a-f-]+$", page.url), page.url
+        assert page.evaluate("window.__samePage") is True
+        self.shot("tree-graph-opened")
+
+        # Click a node off the path: the server moves the tip; the path redraws through it.
+        page.click(f"{self.node('a detour')} a")
+        page.wait_for_selector(f"{self.node('a detour')}.is-tip")
+        self.conv.refresh_from_db()
+        assert self.conv.tip_id == self.nodes["a detour"].pk
+        assert page.evaluate("window.__samePage") is True
+        for name in ("plan", "the quick brown fox", "a detour"):
+            assert "on-path" in (page.get_attribute(self.node(name), "class") or ""), name
+        assert page.locator(self.node("other")).count() == 0  # its branch is a stub now
+        assert page.locator("svg.tg .gnode.stub").count() == 2  # `more` and the slow fox
+        # The outline follows the new path too.
+        assert page.locator(f"#node-{self.nodes['a detour'].pk}.is-tip").count() == 1
+        # A second move straight after the first carries the new version: up the path.
+        page.click(f"{self.node('the quick brown fox')} a")
+        page.wait_for_selector(f"{self.node('the quick brown fox')}.is-tip")
+        self.conv.refresh_from_db()
+        assert self.conv.tip_id == self.nodes["the quick brown fox"].pk
+        assert "on-path" not in (page.get_attribute(self.node("a detour"), "class") or "")
+        assert page.locator(".notice").count() == 0
+        self.shot("tree-graph")
+        self.assert_clean()
+
+    def test_without_javascript_the_graph_links_load_pages(self) -> None:
+        self.use({"viewport": {"width": 1200, "height": 900}, "java_script_enabled": False})
+        page = self.page
+        page.goto(self.url(f"/c/{self.conv.pk}/tree/"))
+        hrefs = page.eval_on_selector_all("svg a", "els => els.map(e => e.getAttribute('href'))")
+        assert hrefs and all(h and h.startswith("/c/") for h in hrefs), hrefs
+        page.click("svg.tg .gnode.stub a")
+        page.wait_for_url(re.compile(r"/tree/\?open=[0-9a-f-]+#tree-graph$"))
+        page.click(f"{self.node('a detour')} a")
+        mid = self.nodes["a detour"].pk
+        page.wait_for_url(f"**/c/{self.conv.pk}/?m={mid}#msg-{mid}")
+        assert "a detour" in page.inner_text("#path")
+        page.click("button.continue-branch")
+        page.wait_for_url(f"**/c/{self.conv.pk}/#msg-{mid}")
+        self.conv.refresh_from_db()
+        assert self.conv.tip_id == mid
+        assert self.outside == [], self.outside
+
+    def test_on_a_phone_the_graph_scrolls_in_its_own_box(self) -> None:
+        self.use(PHONE)
+        page = self.page
+        page.goto(self.url(f"/c/{self.conv.pk}/tree/"))
+        self.assert_no_sideways_scroll(390)
+        box = page.locator("#tree-graph .graph-box").bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390
+        page.locator("svg.tg .gnode.stub a").first.tap()
+        page.wait_for_selector(self.node("the quick brown fox"))
+        self.assert_no_sideways_scroll(390)
+        row = page.locator(f"{self.node('a detour')} .hit").bounding_box()
+        assert row is not None and row["height"] >= 32  # a finger's height
+        page.screenshot(path=str(SCREENSHOTS / "phone-tree-graph.png"), full_page=True)
+        page.locator(f"{self.node('a detour')} a").tap()
+        page.wait_for_selector(f"{self.node('a detour')}.is-tip")
+        self.conv.refresh_from_db()
+        assert self.conv.tip_id == self.nodes["a detour"].pk
+        self.assert_no_sideways_scroll(390)
+        self.assert_clean()
+
+    def test_hostile_text_stays_text_in_the_graph(self) -> None:
+        hostile = '</text></title><script>alert(1)</script>" onload="alert(1)'
+        conv = services.conversation_create(owner=self.user, title="<svg onload=alert(1)>")
+        services.turn_append(
+            conversation=conv, parent_id=None, expected_version=0,
+            messages=[{"role": "user", "parts": text(hostile)},
+                      {"role": "assistant", "parts": text("<img src=x onerror=alert(1)>")}],
+        )  # fmt: skip
+        conv.refresh_from_db()
+        services.checkpoint_create(conversation=conv, label="<img src=x onerror=alert(1)>")
+        first = Message.objects.get(conversation=conv, depth=0)
+        services.conversation_fork(message=first, owner=self.user, title='"><script>x</script>')
+        page = self.page
+        page.goto(self.url(f"/c/{conv.pk}/tree/"))
+        page.wait_for_timeout(300)
+        assert page.evaluate("window.__xss") == 0
+        assert page.locator("svg.tg script, #tree-graph img").count() == 0
+        assert (
+            page.locator(f"#gn-{first.pk} > a[hx-post] > title").text_content()
+            == f"user: {hostile}"
+        )
+        assert page.locator(f"#gn-{first.pk} text.label").text_content() == hostile[:35] + "…"
+        assert Conversation.objects.filter(owner=self.user).count() == 4
+        self.assert_clean()
