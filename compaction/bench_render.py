@@ -172,6 +172,7 @@ def _ocr(pages: list[RenderedPage], count: int, lang: str, height: int) -> dict[
     return {
         "pages": len(rates),
         "mean": round(sum(rates) / len(rates), 4) if rates else None,
+        "max": round(max(rates), 4) if rates else None,
         "each": [round(rate, 4) for rate in rates],
     }
 

@@ -3,7 +3,7 @@
 Tesseract is trained on smooth print, not 1-bit pixel fonts, so a page is padded, scaled
 up by nearest neighbour and lightly blurred first; that roughly halves its errors on
 pixel-font glyphs. The CER ignores whitespace (rows wrap anywhere) and treats characters
-tesseract's model cannot output at all (the ↵ ▸ marks, the backtick) as wildcards that
+tesseract's model cannot output at all (the ↵ ▸ ␛ marks, the backtick) as wildcards that
 match one OCR character or none, so the figure measures the glyphs, not the OCR alphabet;
 and runs of one character count as three (tesseract reads "=====" rules as graphics).
 White-on-black labels (message headers, escapes) are wildcards too: tesseract cannot read

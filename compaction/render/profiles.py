@@ -114,7 +114,8 @@ DENSITIES: dict[str, Density] = {
         (FontFace("clR5x10.pcf.gz", lead=1), FontFace("5x8.pcf.gz", lead=2), _CJK, _UNIFONT),
     ),
     # 5x9 cells (clR5x8 + 1 blank row): 22% more characters per page, OCR errors up
-    # from ~2.7% to ~4.3%; for cheap-pixel rules (Gemini tiles) or tight budgets.
+    # from ~2% to ~3.5% (bench_compaction prints both); for cheap-pixel rules (Gemini
+    # tiles) or tight budgets.
     "dense": Density(
         "dense",
         (FontFace("clR5x8.pcf.gz", lead=1), FontFace("5x8.pcf.gz", lead=1), _CJK, _UNIFONT),

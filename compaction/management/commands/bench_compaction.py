@@ -25,7 +25,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--ocr-pages", type=int, default=2, help="pages OCR'd per density (0 skips OCR)"
+            "--ocr-pages", type=int, default=4, help="pages OCR'd per density (0 skips OCR)"
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
