@@ -1,10 +1,11 @@
 """The compaction screens (DESIGN.md §5, §7): the staff audit of every record, and each
 owner's "what the model saw" panel with its records and compaction jobs.
 
-The same conventions as conversations/views.py, whose helpers these views use: a
-fragment for an HTMX request and the whole page otherwise (history restores included),
-``Vary: HX-Request``, lookups through owner-scoped selectors (another user's object is
-a 404 like a missing one), and the audit for staff only (403 for everyone else).
+The same conventions as conversations/views.py, through the helpers both share
+(conversations/web.py): a fragment for an HTMX request and the whole page otherwise
+(history restores included), ``Vary: HX-Request``, lookups through owner-scoped selectors
+(another user's object is a 404 like a missing one), and the audit for staff only (403
+for everyone else).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from compaction.forms import AuditFilterForm
 from compaction.models import CompactionJob, CompactionRecord, JobState, Trigger
 from conversations.errors import NotFound
 from conversations.models import Blob, Conversation
-from conversations.views import _conversation, _fragment, _render
+from conversations.web import conversation_or_404, is_fragment, render_page_or_fragment
 
 # --- helpers -------------------------------------------------------------------------
 
@@ -42,7 +43,7 @@ def _audit_record(request: HttpRequest, rid: str) -> CompactionRecord:
 
 
 def _own_record(request: HttpRequest, cid: str, rid: str) -> CompactionRecord:
-    conversation = _conversation(request, cid)
+    conversation = conversation_or_404(request, cid)
     try:
         return selectors.record_get(record_id=rid, conversation=conversation)
     except NotFound:
@@ -94,7 +95,7 @@ def audit_list(request: HttpRequest) -> HttpResponse:
     else:
         records = selectors.audit_records(**(form.cleaned_data if form.is_bound else {}))
         page = Paginator(records, 50).get_page(request.GET.get("page"))
-    return _render(
+    return render_page_or_fragment(
         request, "compaction/audit_list.html", "records", {"form": form, "page": page}, status
     )
 
@@ -122,9 +123,9 @@ def audit_blob(request: HttpRequest, rid: str, sha256: str) -> FileResponse:
 def context_panel(request: HttpRequest, cid: str) -> HttpResponse:
     """What the next request would contain, with a token budget gauge, the records on
     the path and the conversation's open compaction jobs. A GET never compacts."""
-    conversation = _conversation(request, cid)
+    conversation = conversation_or_404(request, cid)
     panel = selectors.context_panel(conversation=conversation)
-    return _render(
+    return render_page_or_fragment(
         request,
         "compaction/context.html",
         "overview",
@@ -142,7 +143,7 @@ def context_panel(request: HttpRequest, cid: str) -> HttpResponse:
 def compact(request: HttpRequest, cid: str) -> HttpResponseBase:
     """Compact now: queue a job for the current tip (without a broker it runs inside
     this request). HTMX gets the job's fragment, which polls until the job is done."""
-    conversation = _conversation(request, cid)
+    conversation = conversation_or_404(request, cid)
     if conversation.tip_id is None:
         return HttpResponse("nothing to compact yet", status=400, content_type="text/plain")
     model_id = selectors.model_id_for(conversation)
@@ -160,7 +161,7 @@ def compact(request: HttpRequest, cid: str) -> HttpResponseBase:
         .select_related("record")
         .latest("created_at")
     )
-    if not _fragment(request):
+    if not is_fragment(request):
         return redirect("compaction:context", cid=conversation.pk)
     return _job_fragment(request, conversation, job)
 
@@ -168,7 +169,7 @@ def compact(request: HttpRequest, cid: str) -> HttpResponseBase:
 @login_required
 @require_GET
 def job_progress(request: HttpRequest, cid: str, job_id: str) -> HttpResponse:
-    conversation = _conversation(request, cid)
+    conversation = conversation_or_404(request, cid)
     try:
         job = selectors.job_get(conversation=conversation, job_id=job_id)
     except NotFound:
@@ -180,8 +181,8 @@ def _job_fragment(
     request: HttpRequest, conversation: Conversation, job: CompactionJob
 ) -> HttpResponse:
     context: dict[str, Any] = {"conversation": conversation, "here": "context", "job": job}
-    response = _render(request, "compaction/job.html", "job", context)
-    if job.state in (JobState.DONE, JobState.FAILED) and _fragment(request):
+    response = render_page_or_fragment(request, "compaction/job.html", "job", context)
+    if job.state in (JobState.DONE, JobState.FAILED) and is_fragment(request):
         # The panel's gauge and record list refresh themselves on this event.
         response["HX-Trigger"] = "arbor:compacted"
     return response

@@ -11,7 +11,8 @@ What is drawn stays bounded whatever the tree: other branches are "+N" stubs unt
 for (``?open=<id>``), quiet stretches are one dashed edge with an "N messages" label, a
 message draws at most MAX_ALTS of its branches, and a branch that would not fit keeps its
 first message and the stretch around the tip, the rest folded into a "gap" row that links
-to the chat view (the outline under the graph lists everything).
+to the chat view (the outline under the graph, bounded the same way with
+``treemap.fit``, opens such a stretch a chunk at a time).
 """
 
 from __future__ import annotations
@@ -22,7 +23,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from conversations.treemap import BranchStub, Item, Row, RunStub, TreeMap
+from conversations.treemap import (
+    BranchStub,
+    Gap,
+    Item,
+    Row,
+    RunStub,
+    TreeMap,
+    fit,
+    gap_of,
+    with_gaps,
+)
 
 MAX_NODES = 300  # rows drawn (messages, stubs, folds), whatever the size of the tree
 MAX_ALTS = 6  # branches drawn off one message; the rest are one "+K more branches" row
@@ -59,21 +70,12 @@ class _More:
 
 
 @dataclass
-class _Gap:
-    """A stretch of a branch left out to stay within the budget."""
-
-    first: uuid.UUID
-    messages: int
-    branches: int
-
-
-@dataclass
 class _Row:
     row: Row
     alts: list[_Alt | _More]
 
 
-_PlanItem = _Row | RunStub | _Gap
+_PlanItem = _Row | RunStub | Gap
 
 
 @dataclass
@@ -268,18 +270,9 @@ class _Layout:
     def _cost(item: _PlanItem) -> int:
         return 1 + len(item.alts) if isinstance(item, _Row) else 1
 
-    def _gap(self, items: list[_PlanItem]) -> _Gap:
-        first = items[0]
-        messages = branches = 0
-        for item in items:
-            if isinstance(item, _Row):
-                messages += 1
-                branches += len(item.row.alternatives)
-            elif isinstance(item, RunStub):
-                messages += item.count
-        if isinstance(first, _Row):
-            return _Gap(first.row.node.id, messages, branches)
-        return _Gap(first.first, messages, branches)
+    @staticmethod
+    def _gap(items: list[_PlanItem]) -> Gap:
+        return gap_of([it.row if isinstance(it, _Row) else it for it in items])
 
     def _plan(self, start: uuid.UUID, limit: int, anchor: uuid.UUID | None) -> tuple[_Plan, int]:
         """The branch from ``start`` within ``limit`` rows: whole if it fits, else its first
@@ -295,29 +288,9 @@ class _Layout:
             (i for i, it in enumerate(items) if isinstance(it, _Row) and it.row.node.id == anchor),
             0,
         )
-        room = limit - 2  # up to two gaps: before and after the window
-        used = costs[0] + (costs[at] if at else 0)
-        lo = hi = at
-        growing = True
-        while growing:  # widen the window below the anchor and above it, a row at a time
-            growing = False
-            if hi + 1 < len(items) and used + costs[hi + 1] <= room:
-                hi += 1
-                used += costs[hi]
-                growing = True
-            if lo - 1 > 0 and used + costs[lo - 1] <= room:
-                lo -= 1
-                used += costs[lo]
-                growing = True
-        kept: list[_PlanItem] = [items[0]]
-        if lo > 1:
-            kept.append(self._gap(items[1:lo]))
-            used += 1
-        kept.extend(items[max(lo, 1) : hi + 1])
-        if hi + 1 < len(items):
-            kept.append(self._gap(items[hi + 1 :]))
-            used += 1
-        return _Plan(kept), used
+        # Up to two gaps: before and after the window.
+        kept = with_gaps(items, fit(costs, limit - 2, at, keep=[0]), self._gap)
+        return _Plan(kept), sum(self._cost(it) for it in kept)
 
     def _asked(self, alts: Iterable[_Alt | _More]) -> list[_Alt]:
         return [a for a in alts if isinstance(a, _Alt) and a.stub.id in self.opened]

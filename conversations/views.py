@@ -1,11 +1,9 @@
 """The browser UI (DESIGN.md §7): server-rendered pages with HTMX fragments.
 
-Each screen is one template with inline partials; a view renders ``template#partial``
-for an HTMX request and the whole page otherwise (including htmx's history-restore
-requests, which must get a full page), and says ``Vary: HX-Request`` so a cache never
-hands one where the other was asked for. Views stay thin: look up through the owner-scoped
-selectors (another user's object is a 404 like a missing one), validate with a form, call
-one service.
+Each screen is one template with inline partials, rendered whole or as a fragment by
+``conversations.web`` (which also holds the owner-scoped lookups). Views stay thin: look
+up through those (another user's object is a 404 like a missing one), validate with a
+form, call one service.
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ from typing import Any
 from django.conf import settings
 from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required
-from django.contrib.auth.models import User
 from django.http import (
     Http404,
     HttpRequest,
@@ -28,7 +25,7 @@ from django.http import (
 )
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.utils.cache import add_never_cache_headers, patch_vary_headers
+from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from conversations import compare as comparing
@@ -40,7 +37,6 @@ from conversations.models import (
     CheckpointState,
     Conversation,
     ImportJob,
-    Message,
     Origin,
     Role,
 )
@@ -48,44 +44,28 @@ from conversations.providers import registry
 from conversations.providers.registry import ModelSpec
 from conversations.streaming import event_stream
 from conversations.treegraph import Graph, graph_layout
-from conversations.treemap import Item, Row, RunStub, TreeMap, shown_ids
+from conversations.treemap import (
+    ALTS_CHUNK,
+    ALTS_SHOWN,
+    Gap,
+    OutlineItem,
+    RunStub,
+    TreeMap,
+    shown_ids,
+    stub_chunk,
+)
+from conversations.web import (
+    conversation_or_404,
+    is_fragment,
+    message_or_404,
+    render_page_or_fragment,
+    signed_in_user,
+)
 
 CHAT_WINDOW = 300  # messages the chat view shows before "show earlier"
 MESSAGE_HITS = 20  # message search hits a page of the conversation list shows
 
 # --- helpers -------------------------------------------------------------------------
-
-
-def _fragment(request: HttpRequest) -> bool:
-    htmx = getattr(request, "htmx", None)
-    return bool(htmx) and not htmx.history_restore_request  # type: ignore[union-attr]
-
-
-def _render(
-    request: HttpRequest,
-    template: str,
-    partial: str | None,
-    context: dict[str, Any],
-    status: int = 200,
-) -> HttpResponse:
-    name = f"{template}#{partial}" if partial and _fragment(request) else template
-    response = render(request, name, context, status=status)
-    patch_vary_headers(response, ["HX-Request"])
-    return response
-
-
-def _conversation(request: HttpRequest, cid: str) -> Conversation:
-    try:
-        return selectors.conversation_get(user=request.user, conversation_id=cid)
-    except NotFound:
-        raise Http404("no such conversation") from None
-
-
-def _message(conversation: Conversation, mid: str | uuid.UUID) -> Message:
-    try:
-        return Message.objects.get(pk=uuid.UUID(str(mid)), conversation=conversation)
-    except (ValueError, Message.DoesNotExist):
-        raise Http404("no such message") from None
 
 
 def _detail_url(conversation: Conversation, anchor: Any = None) -> str:
@@ -96,12 +76,6 @@ def _detail_url(conversation: Conversation, anchor: Any = None) -> str:
 def _form_error(form: Any) -> HttpResponse:
     errors = "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items())
     return HttpResponse(errors or "bad input", status=400, content_type="text/plain")
-
-
-def _user(request: HttpRequest) -> User:
-    """The signed-in user (every view here is behind login_required)."""
-    assert isinstance(request.user, User)
-    return request.user
 
 
 # --- conversation list ---------------------------------------------------------------
@@ -125,7 +99,7 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
         message_ids=[c.forked_from_id for c in page.items if c.forked_from_id],
     )
     items = [{"c": c, "origin": origins.get(c.forked_from_id)} for c in page.items]
-    return _render(
+    return render_page_or_fragment(
         request,
         "conversations/list.html",
         "results",
@@ -146,14 +120,14 @@ def conversation_new(request: HttpRequest) -> HttpResponse:
     form = forms.ConversationForm(request.POST)
     if not form.is_valid():
         return _form_error(form)
-    conv = services.conversation_create(owner=_user(request), **form.cleaned_data)
+    conv = services.conversation_create(owner=signed_in_user(request), **form.cleaned_data)
     return redirect(_detail_url(conv))
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
 def conversation_delete(request: HttpRequest, cid: str) -> HttpResponse:
-    conv = _conversation(request, cid)
+    conv = conversation_or_404(request, cid)
     if request.method == "POST":
         services.conversation_delete(conversation=conv)
         flash.success(request, f"Deleted “{conv.title or 'Untitled'}”.")
@@ -234,9 +208,9 @@ def _chat_context(
 def conversation_detail(request: HttpRequest, cid: str) -> HttpResponse:
     """The current branch; with ``?m=<message>`` (a search hit) the branch through that
     message, without moving the tip on a GET."""
-    conv = _conversation(request, cid)
-    focus = _message(conv, request.GET["m"]).pk if "m" in request.GET else None
-    return _render(
+    conv = conversation_or_404(request, cid)
+    focus = message_or_404(conv, request.GET["m"]).pk if "m" in request.GET else None
+    return render_page_or_fragment(
         request, "conversations/detail.html", "chat", _chat_context(request, conv, focus=focus)
     )
 
@@ -276,13 +250,13 @@ def _turn(
 @login_required
 @require_POST
 def message_send(request: HttpRequest, cid: str) -> HttpResponseBase:
-    conv = _conversation(request, cid)
+    conv = conversation_or_404(request, cid)
     form = forms.MessageForm(request.POST)
     if not form.is_valid():
         return _form_error(form)
     parent = form.cleaned_data["parent"] or conv.tip_id
     if parent is not None:
-        parent = _message(conv, parent).pk
+        parent = message_or_404(conv, parent).pk
     parts = [{"type": "text", "text": form.cleaned_data["text"]}]
     return _turn(request, conv, parts=parts, parent_id=parent)
 
@@ -291,8 +265,8 @@ def message_send(request: HttpRequest, cid: str) -> HttpResponseBase:
 @require_POST
 def message_edit(request: HttpRequest, cid: str, mid: str) -> HttpResponseBase:
     """Edit a prompt: the new text becomes a sibling of the original, with a new answer."""
-    conv = _conversation(request, cid)
-    original = _message(conv, mid)
+    conv = conversation_or_404(request, cid)
+    original = message_or_404(conv, mid)
     form = forms.EditForm(request.POST)
     if not form.is_valid():
         return _form_error(form)
@@ -306,8 +280,8 @@ def message_edit(request: HttpRequest, cid: str, mid: str) -> HttpResponseBase:
 @require_POST
 def message_regenerate(request: HttpRequest, cid: str, mid: str) -> HttpResponseBase:
     """A new answer from the same point: a sibling of the original answer."""
-    conv = _conversation(request, cid)
-    original = _message(conv, mid)
+    conv = conversation_or_404(request, cid)
+    original = message_or_404(conv, mid)
     if original.role != Role.ASSISTANT or original.parent_id is None:
         return HttpResponse("only answers can be regenerated", status=400)
     return _turn(request, conv, parts=None, parent_id=original.parent_id, origin=Origin.REGENERATE)
@@ -318,8 +292,8 @@ def message_regenerate(request: HttpRequest, cid: str, mid: str) -> HttpResponse
 def message_select(request: HttpRequest, cid: str, mid: str) -> HttpResponse:
     """``◀ n/m ▶``: move the tip to the newest leaf below the chosen message, so a
     reload shows the same branch."""
-    conv = _conversation(request, cid)
-    chosen = _message(conv, mid)
+    conv = conversation_or_404(request, cid)
+    chosen = message_or_404(conv, mid)
     form = forms.VersionForm(request.POST)
     if not form.is_valid():
         return _form_error(form)
@@ -334,11 +308,11 @@ def message_select(request: HttpRequest, cid: str, mid: str) -> HttpResponse:
     except StaleVersion:
         notice = "The conversation changed in another window; this is its current branch."
     conv.refresh_from_db()
-    if not _fragment(request):
+    if not is_fragment(request):
         if notice:
             flash.warning(request, notice)
         return redirect(_detail_url(conv, chosen.pk))
-    response = _render(
+    response = render_page_or_fragment(
         request, "conversations/detail.html", "chat", _chat_context(request, conv, notice)
     )
     response["HX-Trigger"] = json.dumps({"arbor:tip-moved": {"message": str(chosen.pk)}})
@@ -350,11 +324,11 @@ def message_select(request: HttpRequest, cid: str, mid: str) -> HttpResponse:
 def tip_set(request: HttpRequest, cid: str) -> HttpResponse:
     """Move the tip to exactly this message (the tree map): the next message branches
     there."""
-    conv = _conversation(request, cid)
+    conv = conversation_or_404(request, cid)
     form = forms.TipForm(request.POST)
     if not form.is_valid():
         return _form_error(form)
-    target = _message(conv, form.cleaned_data["message"])
+    target = message_or_404(conv, form.cleaned_data["message"])
     notice = ""
     try:
         services.tip_move(
@@ -362,7 +336,7 @@ def tip_set(request: HttpRequest, cid: str) -> HttpResponse:
         )
     except StaleVersion:
         notice = "The conversation changed meanwhile; the tip did not move."
-    if not _fragment(request):
+    if not is_fragment(request):
         if notice:
             flash.warning(request, notice)
             return redirect("conversations:tree", cid=conv.pk)
@@ -371,20 +345,20 @@ def tip_set(request: HttpRequest, cid: str) -> HttpResponse:
     # the branches the graph had open.
     conv.refresh_from_db()
     context = _tree_context(conv, request.POST.getlist("open"), notice=notice)
-    return _render(request, "conversations/tree.html", "view", context)
+    return render_page_or_fragment(request, "conversations/tree.html", "view", context)
 
 
 @login_required
 @require_POST
 def message_fork(request: HttpRequest, cid: str, mid: str) -> HttpResponse:
-    conv = _conversation(request, cid)
-    message = _message(conv, mid)
+    conv = conversation_or_404(request, cid)
+    message = message_or_404(conv, mid)
     form = forms.ForkForm(request.POST)
     if not form.is_valid():
         return _form_error(form)
     fork = services.conversation_fork(
         message=message,
-        owner=_user(request),
+        owner=signed_in_user(request),
         title=form.cleaned_data["title"],
         scope=form.cleaned_data["scope"],
     )
@@ -398,7 +372,7 @@ def message_fork(request: HttpRequest, cid: str, mid: str) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def checkpoints(request: HttpRequest, cid: str) -> HttpResponse:
-    conv = _conversation(request, cid)
+    conv = conversation_or_404(request, cid)
     form = forms.CheckpointForm(request.POST or None)
     status = 200
     if request.method == "POST":
@@ -440,7 +414,7 @@ def checkpoints(request: HttpRequest, cid: str) -> HttpResponse:
 @login_required
 @require_POST
 def rewind(request: HttpRequest, cid: str) -> HttpResponse:
-    conv = _conversation(request, cid)
+    conv = conversation_or_404(request, cid)
     form = forms.RewindForm(request.POST)
     if not form.is_valid():
         return _form_error(form)
@@ -460,6 +434,8 @@ def rewind(request: HttpRequest, cid: str) -> HttpResponse:
 
 # --- tree map ------------------------------------------------------------------------
 
+TREE = "conversations/tree.html"
+
 
 def _tree_annotations(
     conv: Conversation,
@@ -478,10 +454,20 @@ def _tree_annotations(
     return cps, forks, selectors.rewind_digests(conversation=conv)
 
 
+def _gap_href(conv: Conversation, tree: TreeMap, gap: Gap) -> str:
+    """Without JavaScript a gap is a link: on the main branch, to this page with that
+    stretch open (the page shows no other branch open); elsewhere, to the chat view."""
+    if tree.line_start(gap.first) != tree.roots()[0]:
+        return reverse("conversations:detail", args=[conv.pk]) + f"?m={gap.first}#msg-{gap.first}"
+    page = reverse("conversations:tree", args=[conv.pk])
+    anchor = f"{'run' if gap.folded else 'node'}-{gap.first}"
+    return f"{page}?gap={gap.first}&n={gap.messages}#{anchor}"
+
+
 def _decorate(
     conv: Conversation,
     tree: TreeMap,
-    items: list[Item],
+    items: list[OutlineItem],
     cps: dict[uuid.UUID, list[Checkpoint]],
     forks: dict[uuid.UUID, list[Conversation]],
     digests: dict[uuid.UUID, dict[str, Any]],
@@ -494,8 +480,11 @@ def _decorate(
         if isinstance(item, RunStub):
             out.append({"run": item})
             continue
-        assert isinstance(item, Row)
+        if isinstance(item, Gap):
+            out.append({"gap": item, "href": _gap_href(conv, tree, item)})
+            continue
         mid = item.node.id
+        alts, more = stub_chunk(item.alternatives, parent=mid, skip=0, size=ALTS_SHOWN)
         out.append(
             {
                 "row": item,
@@ -506,6 +495,8 @@ def _decorate(
                 "checkpoints": cps.get(mid, []),
                 "forks": forks.get(mid, []),
                 "rewind": digests.get(mid),
+                "alts": alts,
+                "more": more,
             }
         )
     return out
@@ -570,18 +561,24 @@ def _opened(values: list[str]) -> list[uuid.UUID]:
 
 
 def _tree_context(
-    conv: Conversation, opened: list[str], *, outline: bool = True, notice: str = ""
+    conv: Conversation,
+    opened: list[str],
+    *,
+    outline: bool = True,
+    notice: str = "",
+    stretch: tuple[uuid.UUID, int] | None = None,
 ) -> dict[str, Any]:
     """The tree page: the graph and (unless only the graph is redrawn) the outline, with
-    one preview query for both."""
+    one preview query for both; ``stretch`` is a gap of the outline to show open."""
     tree_map, cps, forks, digests = _tree_map(conv)
     graph = graph_layout(tree_map, _opened(opened))
     main, other_roots = tree_map.roots()
-    items = tree_map.branch(main) if main and outline else []
+    items = tree_map.outline(main, opened=stretch) if main and outline else []
     previews = selectors.message_previews(
         conversation=conv, ids=list({*shown_ids(items), *graph.message_ids()})
     )
     _decorate_graph(conv, graph, previews, cps, forks, digests)
+    roots, more_roots = stub_chunk(other_roots, parent=None, skip=0, size=ALTS_SHOWN)
     return {
         "conversation": conv,
         "graph": graph,
@@ -589,7 +586,8 @@ def _tree_context(
             {"version": str(conv.version), "open": [str(m) for m in graph.opened]}
         ),
         "items": _decorate(conv, tree_map, items, cps, forks, digests, previews),
-        "other_roots": other_roots,
+        "other_roots": roots,
+        "more_roots": more_roots,
         "node_count": len(tree_map.nodes),
         "notice": notice,
     }
@@ -598,41 +596,76 @@ def _tree_context(
 @login_required
 @require_GET
 def tree(request: HttpRequest, cid: str) -> HttpResponse:
-    """The whole tree: a drawn graph above an outline. ``?open=<id>`` (repeatable) opens a
-    collapsed branch or a quiet stretch in the graph; for HTMX that is the graph fragment.
-    ``?from=<id>`` is the outline's fragment for an expanded branch and
-    ``?run=<id>&n=<count>`` for an expanded run of quiet messages."""
-    conv = _conversation(request, cid)
-    template = "conversations/tree.html"
-    if _fragment(request) and ("from" in request.GET or "run" in request.GET):
-        tree_map, cps, forks, digests = _tree_map(conv)
-        context: dict[str, Any] = {"conversation": conv}
-        start = _parse_node(request.GET.get("from") or request.GET.get("run"), tree_map)
-        if "from" in request.GET:
-            items = tree_map.branch(start)
-            context["items"] = _decorate(conv, tree_map, items, cps, forks, digests)
-            return _render(request, template, "branch", context)
-        try:
-            count = max(1, min(int(request.GET.get("n", "1")), len(tree_map.nodes)))
-        except ValueError:
-            raise Http404("bad count") from None
-        context["items"] = _decorate(
-            conv, tree_map, tree_map.run(start, count), cps, forks, digests
+    """The whole tree: a drawn graph above an outline, both bounded whatever the size of
+    the tree. ``?open=<id>`` (repeatable) opens a collapsed branch or a quiet stretch in the
+    graph; for HTMX that is the graph fragment. The outline's fragments open what it left
+    closed: ``?from=<id>`` a branch, ``?run=<id>&n=<count>`` a run of quiet messages,
+    ``?gap=<id>&n=<count>`` a stretch of a long branch (without HTMX: the page, with that
+    stretch open) and ``?alts=<id>&skip=<k>`` more of a message's branches (``roots``: of
+    the other roots)."""
+    conv = conversation_or_404(request, cid)
+    fragment = is_fragment(request)
+    if fragment and any(key in request.GET for key in ("from", "run", "gap", "alts")):
+        return _outline_fragment(request, conv)
+    stretch = None
+    if "gap" in request.GET and not fragment:
+        stretch = (_parse_id(request.GET["gap"]), _parse_count(request, "n", 1))
+    context = _tree_context(
+        conv, request.GET.getlist("open"), outline=not fragment, stretch=stretch
+    )
+    return render_page_or_fragment(request, TREE, "graph" if fragment else None, context)
+
+
+def _outline_fragment(request: HttpRequest, conv: Conversation) -> HttpResponse:
+    """The rows (or, for ``alts``, the branch stubs) that replace the outline's link."""
+    tree_map, cps, forks, digests = _tree_map(conv)
+    context: dict[str, Any] = {"conversation": conv}
+    if "alts" in request.GET:
+        value = request.GET["alts"]
+        parent = None if value == "roots" else _parse_node(value, tree_map)
+        context["stubs"], context["more"] = stub_chunk(
+            tree_map.alternatives(parent),
+            parent=parent,
+            skip=_parse_count(request, "skip", 0),
+            size=ALTS_CHUNK,
         )
-        return _render(request, template, "rows", context)
-    graph_only = _fragment(request)
-    context = _tree_context(conv, request.GET.getlist("open"), outline=not graph_only)
-    return _render(request, template, "graph" if graph_only else None, context)
+        context["kind"] = "root" if parent is None else "branch"
+        return render_page_or_fragment(request, TREE, "stubs", context)
+    partial = "rows"
+    items: list[OutlineItem]
+    if "from" in request.GET:
+        items = tree_map.outline(_parse_node(request.GET["from"], tree_map))
+        partial = "branch"
+    elif "run" in request.GET:
+        start = _parse_node(request.GET["run"], tree_map)
+        count = min(_parse_count(request, "n", 1), len(tree_map.nodes))
+        items = list(tree_map.run(start, count))
+    else:
+        start = _parse_node(request.GET["gap"], tree_map)
+        items = tree_map.stretch(start, _parse_count(request, "n", 1))
+    context["items"] = _decorate(conv, tree_map, items, cps, forks, digests)
+    return render_page_or_fragment(request, TREE, partial, context)
+
+
+def _parse_id(value: str | None) -> uuid.UUID:
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise Http404("no such message") from None
 
 
 def _parse_node(value: str | None, tree_map: TreeMap) -> uuid.UUID:
-    try:
-        mid = uuid.UUID(str(value))
-    except ValueError:
-        raise Http404("no such message") from None
+    mid = _parse_id(value)
     if mid not in tree_map:
         raise Http404("no such message")
     return mid
+
+
+def _parse_count(request: HttpRequest, name: str, low: int) -> int:
+    try:
+        return max(low, int(request.GET.get(name, str(low))))
+    except ValueError:
+        raise Http404(f"bad {name}") from None
 
 
 # --- compare -------------------------------------------------------------------------
@@ -643,11 +676,11 @@ def _parse_node(value: str | None, tree_map: TreeMap) -> uuid.UUID:
 def compare(request: HttpRequest, cid: str) -> HttpResponse:
     """Two to four siblings, or two branches, side by side with a word diff; with fewer
     than two chosen, a list of recent leaves to pick branches from."""
-    conv = _conversation(request, cid)
+    conv = conversation_or_404(request, cid)
     ids = comparing.parse_ids(request.GET.getlist("m")[: comparing.MAX_CHOSEN])
     if ids is None:
         raise Http404("no such message")
-    chosen = [_message(conv, mid) for mid in ids]
+    chosen = [message_or_404(conv, mid) for mid in ids]
     comparison = comparing.compare(conversation=conv, chosen=chosen) if len(chosen) >= 2 else None
     return render(
         request,
@@ -674,13 +707,13 @@ def import_page(request: HttpRequest) -> HttpResponseBase:
     if request.method == "POST":
         if form.is_valid():
             job = services.import_job_create(
-                owner=_user(request),
+                owner=signed_in_user(request),
                 upload=form.cleaned_data["file"],
                 format=form.cleaned_data["format"],
             )
             return redirect("conversations:import_job", job_id=job.pk)
         return render(request, "conversations/import.html", {"form": form}, status=400)
-    jobs = ImportJob.objects.filter(owner=_user(request)).order_by("-created_at")[:20]
+    jobs = ImportJob.objects.filter(owner=signed_in_user(request)).order_by("-created_at")[:20]
     return render(request, "conversations/import.html", {"form": form, "jobs": jobs})
 
 
@@ -688,10 +721,12 @@ def import_page(request: HttpRequest) -> HttpResponseBase:
 @require_GET
 def import_job(request: HttpRequest, job_id: str) -> HttpResponse:
     try:
-        job = ImportJob.objects.get(pk=uuid.UUID(job_id), owner=_user(request))
+        job = ImportJob.objects.get(pk=uuid.UUID(job_id), owner=signed_in_user(request))
     except (ValueError, ImportJob.DoesNotExist):
         raise Http404("no such import") from None
-    return _render(request, "conversations/import_job.html", "progress", {"job": job})
+    return render_page_or_fragment(
+        request, "conversations/import_job.html", "progress", {"job": job}
+    )
 
 
 def _configured_models(*, staff: bool) -> tuple[list[ModelSpec], str]:
@@ -726,7 +761,7 @@ def settings_page(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         if form.is_valid():
             _, secret = services.api_token_create(
-                user=_user(request),
+                user=signed_in_user(request),
                 name=form.cleaned_data["name"],
             )
             form = forms.TokenForm()
@@ -738,7 +773,7 @@ def settings_page(request: HttpRequest) -> HttpResponse:
         {
             "form": form,
             "secret": secret,
-            "tokens": ApiToken.objects.filter(user=_user(request)).order_by("-created_at"),
+            "tokens": ApiToken.objects.filter(user=signed_in_user(request)).order_by("-created_at"),
             "models": models,
             "models_error": models_error,
             "default_model": settings.ARBOR_DEFAULT_MODEL,
@@ -753,7 +788,7 @@ def settings_page(request: HttpRequest) -> HttpResponse:
 @require_POST
 def token_revoke(request: HttpRequest, token_id: int) -> HttpResponseRedirect:
     try:
-        services.api_token_revoke(user=_user(request), token_id=token_id)
+        services.api_token_revoke(user=signed_in_user(request), token_id=token_id)
     except NotFound:
         raise Http404("no such token") from None
     flash.success(request, "Token revoked.")

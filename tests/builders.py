@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import random
+import uuid
+from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import User
+from django.utils import timezone
 
 from conversations import services
 from conversations.models import Conversation, Message
@@ -126,3 +130,47 @@ def tool_turn(
         },
         {"role": "assistant", "parts": text(answer)},
     ]
+
+
+def bulk_tree(owner: User, parents: list[int | None], *, title: str, tip: int = -1) -> Conversation:
+    """A conversation whose message i has parent ``parents[i]`` (an earlier index), written
+    straight to the table: this is setup, not the code under test."""
+    conv = Conversation.objects.create(owner=owner, title=title)
+    start = timezone.now() - timedelta(days=1)
+    ids = [uuid.uuid4() for _ in parents]
+    depth: list[int] = []
+    rows: list[Message] = []
+    for i, p in enumerate(parents):
+        depth.append(0 if p is None else depth[p] + 1)
+        rows.append(
+            Message(
+                id=ids[i],
+                conversation=conv,
+                parent_id=None if p is None else ids[p],
+                role="user" if depth[i] % 2 == 0 else "assistant",
+                parts=text(f"message {i} " + "x" * 90),
+                depth=depth[i],
+                created_at=start + timedelta(microseconds=i),
+            )
+        )
+    Message.objects.bulk_create(rows, batch_size=500)
+    Conversation.objects.filter(pk=conv.pk).update(tip_id=ids[tip], version=1)
+    conv.refresh_from_db()
+    return conv
+
+
+def comb(size: int) -> list[int | None]:
+    """A spine of about size/2 messages, each with a one-message branch beside it."""
+    parents: list[int | None] = [None]
+    last = 0
+    while len(parents) + 2 <= size:
+        parents.append(last)  # the branch off the spine, created first
+        parents.append(last)
+        last = len(parents) - 1
+    return parents + [last] * (size - len(parents))
+
+
+def bushy(size: int, seed: int = 5) -> list[int | None]:
+    """A random recursive tree: each message answers a random earlier one."""
+    rng = random.Random(seed)
+    return [None] + [rng.randrange(i) for i in range(1, size)]

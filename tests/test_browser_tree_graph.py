@@ -9,7 +9,8 @@ import re
 
 from conversations import services
 from conversations.models import Conversation, Message
-from tests.builders import make_user, new_conversation, text
+from conversations.treemap import ALTS_SHOWN, STRETCH_CHUNK
+from tests.builders import bulk_tree, comb, make_user, new_conversation, text
 from tests.test_browser_phone import PHONE
 from tests.test_browser_ui import INIT_SCRIPT, SCREENSHOTS, BrowserTestCase
 
@@ -112,6 +113,67 @@ class TreeGraphTests(BrowserTestCase):
         page.wait_for_url(f"**/c/{self.conv.pk}/#msg-{mid}")
         self.conv.refresh_from_db()
         assert self.conv.tip_id == mid
+        assert self.outside == [], self.outside
+
+    def long_branch(self) -> tuple[Conversation, list[str]]:
+        """500 messages along the path, a one-message branch beside each but the tip."""
+        conv = bulk_tree(self.user, comb(999), title="Long")
+        ids = Message.objects.filter(conversation=conv).order_by("created_at")
+        return conv, [f"node-{m}" for m in ids.values_list("id", flat=True)[::2]]
+
+    def test_the_outline_opens_a_long_branch_in_place_a_chunk_at_a_time(self) -> None:
+        conv, spine = self.long_branch()
+        page = self.page
+        page.goto(self.url(f"/c/{conv.pk}/tree/"))
+        page.evaluate("window.__samePage = true")
+        rows = ".tree > ol.branch > li.node"
+        shown = page.eval_on_selector_all(rows, "els => els.map(e => e.id)")
+        assert shown == spine[:15] + spine[15 - len(shown) :]
+        assert page.locator(f"#{spine[-1]}.is-tip").count() == 1
+        page.locator(".tree li.gap").scroll_into_view_if_needed()
+        page.screenshot(path=str(SCREENSHOTS / "tree-outline-gap.png"))
+        clicks = 0
+        while page.locator(".tree li.gap a").count():
+            count = page.locator(rows).count()
+            page.locator(".tree li.gap a").click()
+            page.wait_for_function(
+                "([sel, n]) => document.querySelectorAll(sel).length > n", arg=[rows, count]
+            )
+            clicks += 1
+            assert page.locator(rows).count() - count <= STRETCH_CHUNK // 2
+        # Every message of the path, in order, each chunk where the gap was; no page load.
+        assert page.eval_on_selector_all(rows, "els => els.map(e => e.id)") == spine
+        assert clicks > 1 and page.evaluate("window.__samePage") is True
+        assert page.locator(".tree .node.is-tip").count() == 1
+        self.assert_clean()
+
+    def test_the_outline_lists_a_few_branches_and_the_rest_on_demand(self) -> None:
+        star = bulk_tree(self.user, [None] + [0] * 30, title="Star")
+        page = self.page
+        page.goto(self.url(f"/c/{star.pk}/tree/"))
+        stubs = ".tree .alternatives > li.stub:not(.more)"
+        assert page.locator(stubs).count() == ALTS_SHOWN
+        page.click(".tree li.stub.more a:has-text('19 more branches')")
+        page.wait_for_function(
+            "n => document.querySelectorAll('.tree .alternatives > li.stub').length === n",
+            arg=29,
+        )
+        assert page.locator(".tree li.stub.more").count() == 0
+        # A listed branch opens in place as before.
+        page.locator(stubs).last.locator("a").click()
+        page.wait_for_selector(".tree .alternatives .branch .node")
+        self.assert_clean()
+
+    def test_without_javascript_a_gap_opens_in_the_page(self) -> None:
+        conv, spine = self.long_branch()
+        self.use({"viewport": {"width": 1200, "height": 900}, "java_script_enabled": False})
+        page = self.page
+        page.goto(self.url(f"/c/{conv.pk}/tree/"))
+        page.click(".tree li.gap a")
+        page.wait_for_url(re.compile(rf"/tree/\?gap=[0-9a-f-]+&n=\d+#{spine[15]}$"))
+        assert page.locator(f"#{spine[15]}").count() == 1
+        assert page.locator(f"#{spine[15 + STRETCH_CHUNK // 2 - 1]}").count() == 1
+        assert page.locator(f"#{spine[-1]}.is-tip").count() == 1
         assert self.outside == [], self.outside
 
     def test_on_a_phone_the_graph_scrolls_in_its_own_box(self) -> None:

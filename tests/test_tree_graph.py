@@ -1,22 +1,20 @@
 """The tree map drawn as a graph (conversations/treegraph.py and the tree view): the
 layout of small hand-built trees (rows, lanes, edges), the current path and the tip, fold
 labels, stubs opened through ``?open=``, marks, the tip moved from the graph, escaping,
-permissions, and the bounds that hold at 10,000 messages: rows drawn, SVG bytes, queries."""
+permissions, and the bounds that hold at 10,000 messages: rows drawn, SVG bytes, queries,
+and those of the whole page with its outline (tests/test_tree_outline.py has the rest of
+the outline's)."""
 
 from __future__ import annotations
 
-import random
 import re
 import time
 import uuid
-from datetime import timedelta
 from typing import Any
 
-from django.contrib.auth.models import User
 from django.db import connection
 from django.test import TestCase
 from django.test.utils import CaptureQueriesContext
-from django.utils import timezone
 
 from conversations import selectors, services
 from conversations.models import (
@@ -27,8 +25,17 @@ from conversations.models import (
     Message,
 )
 from conversations.treegraph import MAX_ALTS, MAX_NODES, MIN_OPEN, Graph, graph_layout
-from conversations.treemap import TreeMap
-from tests.builders import build_tree, make_user, new_conversation, text
+from conversations.treemap import OUTLINE_MAX, STRETCH_CHUNK, TreeMap
+from tests.builders import (
+    build_tree,
+    bulk_tree,
+    bushy,
+    comb,
+    make_user,
+    new_conversation,
+    text,
+)
+from tests.test_tree_outline import node_ids, outline_of, outline_rows
 
 HX = {"HX-Request": "true"}
 
@@ -47,33 +54,6 @@ def rows(graph: Graph, names: dict[uuid.UUID, str]) -> list[tuple[str, str, int]
 def svg_of(body: str) -> str:
     start = body.index("<svg")
     return body[start : body.index("</svg>", start) + len("</svg>")]
-
-
-def bulk_tree(owner: User, parents: list[int | None], *, title: str, tip: int = -1) -> Conversation:
-    """A conversation whose message i has parent ``parents[i]`` (an earlier index), written
-    straight to the table: this is setup, not the code under test."""
-    conv = Conversation.objects.create(owner=owner, title=title)
-    start = timezone.now() - timedelta(days=1)
-    ids = [uuid.uuid4() for _ in parents]
-    depth: list[int] = []
-    rows: list[Message] = []
-    for i, p in enumerate(parents):
-        depth.append(0 if p is None else depth[p] + 1)
-        rows.append(
-            Message(
-                id=ids[i],
-                conversation=conv,
-                parent_id=None if p is None else ids[p],
-                role="user" if depth[i] % 2 == 0 else "assistant",
-                parts=text(f"message {i} " + "x" * 90),
-                depth=depth[i],
-                created_at=start + timedelta(microseconds=i),
-            )
-        )
-    Message.objects.bulk_create(rows, batch_size=500)
-    Conversation.objects.filter(pk=conv.pk).update(tip_id=ids[tip], version=1)
-    conv.refresh_from_db()
-    return conv
 
 
 class LayoutTests(TestCase):
@@ -375,23 +355,6 @@ class PageTests(TestCase):
         assert self.conv.tip_id == self.nodes["deeper"].pk
 
 
-def comb(size: int) -> list[int | None]:
-    """A spine of about size/2 messages, each with a one-message branch beside it."""
-    parents: list[int | None] = [None]
-    last = 0
-    while len(parents) + 2 <= size:
-        parents.append(last)  # the branch off the spine, created first
-        parents.append(last)
-        last = len(parents) - 1
-    return parents + [last] * (size - len(parents))
-
-
-def bushy(size: int, seed: int = 5) -> list[int | None]:
-    """A random recursive tree: each message answers a random earlier one."""
-    rng = random.Random(seed)
-    return [None] + [rng.randrange(i) for i in range(1, size)]
-
-
 class BigTreeTests(TestCase):
     """10,000 messages as one chain, as a comb (a fork at every step of a 5,000 deep path)
     and as a bushy random tree: the graph stays small and costs the same queries as a
@@ -399,6 +362,7 @@ class BigTreeTests(TestCase):
 
     SIZE = 10_000
     MAX_SVG_BYTES = 220_000
+    MAX_PAGE_BYTES = 400_000  # the graph, the outline and the rest of the page
 
     @classmethod
     def setUpTestData(cls) -> None:
@@ -455,10 +419,15 @@ class BigTreeTests(TestCase):
 
     def test_the_full_page_and_a_tip_move_cost_the_same_as_for_a_small_tree(self) -> None:
         small_page, _, _ = self.measure("get", f"/c/{self.small.pk}/tree/")
-        chain = self.big["chain"]
-        queries, body, _ = self.measure("get", f"/c/{chain.pk}/tree/")
-        assert queries == small_page
-        assert len(body) < 100_000 and "10000 messages" in body
+        assert small_page == 8
+        for shape, conv in self.big.items():
+            queries, body, seconds = self.measure("get", f"/c/{conv.pk}/tree/")
+            assert queries == small_page, shape
+            assert len(body.encode()) < self.MAX_PAGE_BYTES, (shape, len(body.encode()))
+            assert "10000 messages" in body and seconds < 10, shape
+            outline = outline_of(body)
+            assert outline_rows(outline) <= OUTLINE_MAX, shape
+            assert re.search(tip_row(conv.tip_id), outline), shape
 
         def move(conv: Conversation, depth: int) -> int:
             conv.refresh_from_db()
@@ -467,7 +436,53 @@ class BigTreeTests(TestCase):
             count, html, _ = self.measure("post", f"/c/{conv.pk}/tip/", data=data, headers=HX)
             conv.refresh_from_db()
             assert conv.tip_id == target.pk and "is-tip" in svg_of(html)
+            assert re.search(tip_row(target.pk), outline_of(html))  # the outline's too
+            assert outline_rows(outline_of(html)) <= OUTLINE_MAX
             return count
 
         # The tip move (a guarded UPDATE and its check) and the redrawn page.
-        assert move(self.small, 1) == move(chain, 5_000) == move(self.big["comb"], 1_234)
+        chain, comb_ = self.big["chain"], self.big["comb"]
+        assert move(self.small, 1) == move(chain, 5_000) == move(comb_, 1_234)
+
+    def test_the_middle_of_a_long_branch_opens_a_chunk_at_a_time(self) -> None:
+        conv = self.big["comb"]
+        path = [
+            str(m.id) for m in selectors.message_path(conversation_id=conv.pk, tip_id=conv.tip_id)
+        ]
+        _, body, _ = self.measure("get", f"/c/{conv.pk}/tree/")
+        page = node_ids(outline_of(body))
+        # The first rows and the stretch up to the tip; one gap for the 4,800 or so between.
+        assert page[:15] == path[:15] and page[15:] == path[15 - len(page) :]
+        gaps = re.findall(r'<li class="gap">.*?hx-get="([^"]+)"', body)
+        assert len(gaps) == 1
+        # Its first chunks (tests/test_tree_outline.py opens every chunk of a smaller tree).
+        url, opened = gaps[0].replace("&amp;", "&"), 15
+        for _ in range(2):
+            queries, html, seconds = self.measure("get", url, headers=HX)
+            assert queries == 8 and seconds < 10
+            assert len(html.encode()) < self.MAX_PAGE_BYTES // 2
+            rows = node_ids(html)
+            assert rows == path[opened : opened + STRETCH_CHUNK // 2]  # each with its branch
+            opened += len(rows)
+            rest = len(path) - len(page) - (opened - 15)
+            assert f"⋯ {rest} messages ({rest} branches) — show" in html
+            url = re.findall(r'<li class="gap">.*?hx-get="([^"]+)"', html)[0].replace("&amp;", "&")
+
+    def test_without_javascript_the_gap_opens_in_the_page_within_the_bound(self) -> None:
+        conv = self.big["comb"]
+        _, body, _ = self.measure("get", f"/c/{conv.pk}/tree/")
+        href = re.findall(r'<li class="gap"><a class="expand" href="([^"]+)"', body)[0]
+        queries, page, _ = self.measure("get", href.replace("&amp;", "&"))
+        assert queries == 8 and len(page.encode()) < self.MAX_PAGE_BYTES
+        first = re.search(r"\?gap=([0-9a-f-]+)", href)
+        assert first is not None
+        outline = outline_of(page)
+        assert f'<li id="node-{first[1]}" class="node ' in outline
+        assert outline_rows(outline) <= OUTLINE_MAX and re.search(tip_row(conv.tip_id), outline)
+        # The rest of the stretch is a gap again, a link to this page with it open.
+        assert outline.count('<li class="gap">') == 1
+        assert f'href="/c/{conv.pk}/tree/?gap=' in outline
+
+
+def tip_row(mid: uuid.UUID | None) -> str:
+    return rf'<li id="node-{mid}" class="node \w+ on-path is-tip">'

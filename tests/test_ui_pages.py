@@ -85,6 +85,8 @@ class UiBase(TestCase):
             f"/c/{c}/delete/",
             f"/c/{c}/compare/?m={self.nodes['more'].pk}&m={self.nodes['other'].pk}",
             f"/c/{c}/tree/?from={self.nodes['more'].pk}",
+            f"/c/{c}/tree/?gap={self.nodes['hi there'].pk}&n=2",
+            f"/c/{c}/tree/?alts={self.nodes['hi there'].pk}&skip=0",
             f"/c/{c}/context/",
             f"/c/{c}/compactions/{self.record.pk}/",
             f"/c/{c}/compactions/{self.record.pk}/blobs/{self.blob.pk}/",
