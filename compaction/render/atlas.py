@@ -23,7 +23,7 @@ INVERT = 0xF0000  # display code point of a white-on-black BMP character (plane 
 # have none); the blank sixth column is dropped for 5-px cells. ESC gets a mark, not a
 # white-on-black ^[ label, because terminal output is full of colour codes: a solid label
 # before every "[90m" took two cells and made the text beside it unreadable (tesseract
-# read pages of npm output at 6.4% CER with labels, far less with the mark).
+# read a page of npm output at 6.4% CER with labels, 3.9% with the mark).
 _MARKS: dict[str, tuple[str, ...]] = {
     "\n": ("....#.", "....#.", ".#..#.", "#####.", ".#...."),
     "\t": (".#....", ".##...", ".###..", ".##...", ".#...."),
