@@ -228,11 +228,13 @@ def _reusable_record(
     """The newest ready record whose anchor lies on this path (so its view stands for
     the path up to the anchor); a branch that leaves the path above it does not match."""
     on_path = set(path_ids)
-    for record in CompactionRecord.objects.filter(
+    # Anchors first (a record's view can be large), then the one record that matches.
+    anchors = CompactionRecord.objects.filter(
         conversation=conversation, model=spec.id, status=RecordStatus.READY
-    ).order_by("-created_at"):
-        if str(record.anchor_id) in on_path:
-            return record
+    ).order_by("-created_at", "-pk")
+    for pk, anchor_id in anchors.values_list("pk", "anchor_id"):
+        if str(anchor_id) in on_path:
+            return CompactionRecord.objects.get(pk=pk)
     return None
 
 
@@ -373,7 +375,7 @@ def compaction_run(
         record = CompactionRecord.objects.create(
             conversation=conversation,
             anchor_id=anchor_id,
-            head_end_id=_head_end(result, view),
+            head_end_id=_head_end(result, conversation),
             model=spec.id,
             trigger=trigger,
             status=RecordStatus.READY,
@@ -436,9 +438,9 @@ def _reporting(
     return (draw if render else None), (ask if summarize else None)
 
 
-def _head_end(result: LadderResult, view: ContextView) -> Any:
+def _head_end(result: LadderResult, conversation: Conversation) -> Any:
     """The last head message of the rung that split the view (snapshot or summary), when
-    it is a stored message (not an earlier record's synthetic one)."""
+    it is a stored message of this conversation (not an earlier record's synthetic one)."""
     for report in result.reports:
         head_last = report.details.get("head_last_id")
         if head_last:
@@ -446,7 +448,8 @@ def _head_end(result: LadderResult, view: ContextView) -> Any:
                 pk = uuid.UUID(str(head_last))
             except ValueError:
                 return None
-            return pk if Message.objects.filter(pk=pk).exists() else None
+            found = Message.objects.filter(pk=pk, conversation=conversation).exists()
+            return pk if found else None
     return None
 
 
@@ -494,7 +497,9 @@ def job_enqueue(
     job = CompactionJob.objects.create(
         conversation=conversation, anchor_id=anchor_id, model=model_id, trigger=trigger
     )
-    transaction.on_commit(lambda: run_compaction_job.delay(str(job.pk)))
+    # Robust: a job that fails records it on its row (job_run), and the request that
+    # queued it (it runs inside that request without a broker) must not fail with it.
+    transaction.on_commit(lambda: run_compaction_job.delay(str(job.pk)), robust=True)
     return job
 
 

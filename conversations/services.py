@@ -752,7 +752,9 @@ def import_job_create(*, owner: User, upload: Any, format: str = "auto") -> Any:
     job = ImportJob(owner=owner, filename=str(upload.name)[:255], format=format)
     job.upload.save(f"{uuid.uuid4()}.upload", upload, save=False)
     job.save()
-    transaction.on_commit(lambda: run_import_job.delay(str(job.pk)))
+    # Robust: the job records its own failure, and without a broker it runs inside the
+    # upload's request, which must still answer with the job page.
+    transaction.on_commit(lambda: run_import_job.delay(str(job.pk)), robust=True)
     return job
 
 

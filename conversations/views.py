@@ -63,6 +63,7 @@ from conversations.web import (
 )
 
 CHAT_WINDOW = 300  # messages the chat view shows before "show earlier"
+FOCUS_CONTEXT = 20  # messages shown above a search hit that lies before the window
 MESSAGE_HITS = 20  # message search hits a page of the conversation list shows
 
 # --- helpers -------------------------------------------------------------------------
@@ -151,12 +152,16 @@ def _chat_context(
     if focus is not None:
         leaf = selectors.message_branch_leaf(conversation=conv, message_id=focus)
     path = selectors.message_path(conversation_id=conv.pk, tip_id=leaf)
-    earlier = 0
+    earlier = later = 0
     if len(path) > CHAT_WINDOW and not request.GET.get("all"):
         earlier = len(path) - CHAT_WINDOW
-        if focus is not None:  # the window reaches back to the message asked for
-            earlier = min(earlier, next(i for i, m in enumerate(path) if m.id == focus))
-        path = path[earlier:]
+        if focus is not None:
+            # The window moves back to the message asked for, with some context above
+            # it; the messages below the window are counted, not shown.
+            at = next(i for i, m in enumerate(path) if m.id == focus)
+            earlier = min(earlier, max(0, at - FOCUS_CONTEXT))
+            later = len(path) - earlier - CHAT_WINDOW
+        path = path[earlier : earlier + CHAT_WINDOW]
     siblings = selectors.sibling_positions(conversation=conv, messages=path)
     checkpoints: dict[uuid.UUID, list[Checkpoint]] = defaultdict(list)
     all_checkpoints = list(selectors.checkpoint_list(conversation=conv))
@@ -191,6 +196,7 @@ def _chat_context(
         "conversation": conv,
         "rows": rows,
         "earlier": earlier,
+        "later": later,
         "tip": conv.tip_id,
         "leaf": leaf,
         "focus": focus,

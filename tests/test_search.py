@@ -392,3 +392,8 @@ class HitOpensTheBranchTests(SearchBase):
         body = self.client.get(f"/c/{conv.pk}/?m={early}").content.decode()
         assert f'id="msg-{early}"' in body and "another branch" not in body
         assert f"?m={early}&amp;all=1" in body  # "show earlier" keeps the message
+        # The window moves to the message rather than growing: 300 rows, and the rest of
+        # the branch below it is counted behind a link.
+        assert body.count('<li id="msg-') == 300
+        assert "Show the 100 later messages of this branch" in body
+        assert f'id="msg-{result.message_ids[0]}"' in body  # 5 above it: all there

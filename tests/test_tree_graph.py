@@ -8,7 +8,6 @@ the outline's)."""
 from __future__ import annotations
 
 import re
-import time
 import uuid
 from typing import Any
 
@@ -377,28 +376,28 @@ class BigTreeTests(TestCase):
     def setUp(self) -> None:
         self.client.force_login(self.user)
 
-    def measure(self, method: str, url: str, **kwargs: Any) -> tuple[int, str, float]:
-        started = time.perf_counter()
+    def measure(self, method: str, url: str, **kwargs: Any) -> tuple[int, str]:
+        """Queries and body of one request (cost is asserted by queries and bytes, never
+        by wall-clock time on a shared machine)."""
         with CaptureQueriesContext(connection) as ctx:
             response = getattr(self.client, method)(url, **kwargs)
         assert response.status_code == 200, (url, response.status_code)
-        return len(ctx.captured_queries), response.content.decode(), time.perf_counter() - started
+        return len(ctx.captured_queries), response.content.decode()
 
     def test_the_graph_stays_small_and_its_queries_do_not_grow(self) -> None:
-        small_page, _, _ = self.measure("get", f"/c/{self.small.pk}/tree/")
-        small_graph, _, _ = self.measure("get", f"/c/{self.small.pk}/tree/", headers=HX)
+        small_page, _ = self.measure("get", f"/c/{self.small.pk}/tree/")
+        small_graph, _ = self.measure("get", f"/c/{self.small.pk}/tree/", headers=HX)
         # The session, the user, the conversation, checkpoints, forks, rewinds, the
         # skeleton and one preview query for graph and outline together.
         assert small_page == small_graph == 8
         for shape, conv in self.big.items():
             assert Message.objects.filter(conversation=conv).count() == self.SIZE
-            queries, html, seconds = self.measure("get", f"/c/{conv.pk}/tree/", headers=HX)
+            queries, html = self.measure("get", f"/c/{conv.pk}/tree/", headers=HX)
             assert queries == small_graph, shape
             svg = svg_of(html)
             drawn = svg.count('class="gnode')
             assert 3 <= drawn <= MAX_NODES, (shape, drawn)
             assert len(svg.encode()) < self.MAX_SVG_BYTES, (shape, len(svg.encode()))
-            assert seconds < 10, (shape, seconds)  # about 0.3 s here; generous for CI
             assert "is-tip" in svg, shape
 
     def test_opening_everything_in_sight_stays_within_the_bound(self) -> None:
@@ -410,7 +409,7 @@ class BigTreeTests(TestCase):
             opened += re.findall(r'class="gnode stub"><a href="[^"?]*\?(?:open=[0-9a-f-]+&amp;)*'
                                  r'open=([0-9a-f-]+)#', html)  # fmt: skip
             opened = list(dict.fromkeys(opened))[:20]
-        queries, html, _ = self.measure("get", url + "?" + "&".join(f"open={o}" for o in opened),
+        queries, html = self.measure("get", url + "?" + "&".join(f"open={o}" for o in opened),
                                         headers=HX)  # fmt: skip
         assert queries == 8
         svg = svg_of(html)
@@ -418,13 +417,13 @@ class BigTreeTests(TestCase):
         assert len(svg.encode()) < self.MAX_SVG_BYTES + 60_000  # the links carry the state
 
     def test_the_full_page_and_a_tip_move_cost_the_same_as_for_a_small_tree(self) -> None:
-        small_page, _, _ = self.measure("get", f"/c/{self.small.pk}/tree/")
+        small_page, _ = self.measure("get", f"/c/{self.small.pk}/tree/")
         assert small_page == 8
         for shape, conv in self.big.items():
-            queries, body, seconds = self.measure("get", f"/c/{conv.pk}/tree/")
+            queries, body = self.measure("get", f"/c/{conv.pk}/tree/")
             assert queries == small_page, shape
             assert len(body.encode()) < self.MAX_PAGE_BYTES, (shape, len(body.encode()))
-            assert "10000 messages" in body and seconds < 10, shape
+            assert "10000 messages" in body, shape
             outline = outline_of(body)
             assert outline_rows(outline) <= OUTLINE_MAX, shape
             assert re.search(tip_row(conv.tip_id), outline), shape
@@ -433,7 +432,7 @@ class BigTreeTests(TestCase):
             conv.refresh_from_db()
             target = Message.objects.filter(conversation=conv, depth=depth).order_by("id")[0]
             data = {"message": str(target.pk), "version": conv.version}
-            count, html, _ = self.measure("post", f"/c/{conv.pk}/tip/", data=data, headers=HX)
+            count, html = self.measure("post", f"/c/{conv.pk}/tip/", data=data, headers=HX)
             conv.refresh_from_db()
             assert conv.tip_id == target.pk and "is-tip" in svg_of(html)
             assert re.search(tip_row(target.pk), outline_of(html))  # the outline's too
@@ -449,7 +448,7 @@ class BigTreeTests(TestCase):
         path = [
             str(m.id) for m in selectors.message_path(conversation_id=conv.pk, tip_id=conv.tip_id)
         ]
-        _, body, _ = self.measure("get", f"/c/{conv.pk}/tree/")
+        _, body = self.measure("get", f"/c/{conv.pk}/tree/")
         page = node_ids(outline_of(body))
         # The first rows and the stretch up to the tip; one gap for the 4,800 or so between.
         assert page[:15] == path[:15] and page[15:] == path[15 - len(page) :]
@@ -458,8 +457,8 @@ class BigTreeTests(TestCase):
         # Its first chunks (tests/test_tree_outline.py opens every chunk of a smaller tree).
         url, opened = gaps[0].replace("&amp;", "&"), 15
         for _ in range(2):
-            queries, html, seconds = self.measure("get", url, headers=HX)
-            assert queries == 8 and seconds < 10
+            queries, html = self.measure("get", url, headers=HX)
+            assert queries == 8
             assert len(html.encode()) < self.MAX_PAGE_BYTES // 2
             rows = node_ids(html)
             assert rows == path[opened : opened + STRETCH_CHUNK // 2]  # each with its branch
@@ -470,9 +469,9 @@ class BigTreeTests(TestCase):
 
     def test_without_javascript_the_gap_opens_in_the_page_within_the_bound(self) -> None:
         conv = self.big["comb"]
-        _, body, _ = self.measure("get", f"/c/{conv.pk}/tree/")
+        _, body = self.measure("get", f"/c/{conv.pk}/tree/")
         href = re.findall(r'<li class="gap"><a class="expand" href="([^"]+)"', body)[0]
-        queries, page, _ = self.measure("get", href.replace("&amp;", "&"))
+        queries, page = self.measure("get", href.replace("&amp;", "&"))
         assert queries == 8 and len(page.encode()) < self.MAX_PAGE_BYTES
         first = re.search(r"\?gap=([0-9a-f-]+)", href)
         assert first is not None

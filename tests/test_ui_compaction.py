@@ -14,7 +14,7 @@ from unittest import mock
 
 import pytest
 from django.db import connection
-from django.test import Client, TestCase
+from django.test import Client, TestCase, TransactionTestCase
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -368,7 +368,9 @@ class ContextPanelTests(Base):
     def test_an_unknown_model_is_reported_not_a_500(self) -> None:
         Conversation.objects.filter(pk=self.conv.pk).update(model="nowhere/nothing")
         response = self.client.get(f"/c/{self.conv.pk}/context/")
-        assert response.status_code == 200 and 'role="alert"' in response.content.decode()
+        body = response.content.decode()
+        assert response.status_code == 200 and 'role="alert"' in body
+        assert 'id="compact-now"' not in body  # nothing to press that cannot work
 
     def test_the_owner_sees_the_record_with_its_pages_served(self) -> None:
         c, r = self.conv.pk, self.record.pk
@@ -504,3 +506,20 @@ class JobTests(Base):
         assert ocr[0] == {"stage": "OCR", "done": 0, "total": 1}
         rendered = [s for s in seen if s["stage"] == "rendering pages"]
         assert rendered[-1]["pages"] >= 1
+
+
+class CompactNowWithoutBrokerTests(TransactionTestCase):
+    """Autocommit, as in a real request: without a broker the job runs inside the POST
+    (the TestCase classes above only run it after the response)."""
+
+    def test_a_job_that_fails_inside_the_request_is_shown_failed_not_a_500(self) -> None:
+        alice = make_user("alice")
+        conv, _ = new_conversation(alice, "hello>hi")
+        Conversation.objects.filter(pk=conv.pk).update(model="nowhere/nothing")
+        self.client.force_login(alice)
+        response = self.client.post(f"/c/{conv.pk}/compact/", headers={"HX-Request": "true"})
+        assert response.status_code == 200, response.content
+        job = CompactionJob.objects.get(conversation=conv)
+        assert job.state == JobState.FAILED and "nowhere" in job.error
+        body = response.content.decode()
+        assert 'class="job failed"' in body and 'role="alert"' in body
