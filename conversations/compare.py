@@ -18,25 +18,10 @@ from django.utils.safestring import SafeString, mark_safe
 
 from conversations import selectors
 from conversations.models import Conversation, Message
+from conversations.parts import readable_text
 
 MAX_CHOSEN = 4
 MAX_ROWS = 200  # messages shown per branch below the split; the rest are counted
-
-
-def plain_text(message: Message) -> str:
-    """What a reader compares: text, tool calls by name, tool result text, image marks."""
-    bits: list[str] = []
-    for part in message.parts:
-        kind = part.get("type")
-        if kind == "text":
-            bits.append(part.get("text", ""))
-        elif kind == "tool_call":
-            bits.append(f"[call {part.get('name')}]")
-        elif kind == "tool_result":
-            bits.extend(p.get("text", "") for p in part.get("parts", []) if p.get("type") == "text")
-        elif kind == "image":
-            bits.append("[image]")
-    return "\n".join(bits)
 
 
 def word_diff(old: str, new: str) -> tuple[SafeString, SafeString]:
@@ -99,7 +84,7 @@ def compare(*, conversation: Conversation, chosen: list[Message]) -> Comparison:
             # One chosen message is an ancestor of another: show it as its own column.
             segment = path[-1:]
         segments.append(segment)
-    base = [plain_text(m) for m in segments[0][:MAX_ROWS]]
+    base = [readable_text(m.parts) for m in segments[0][:MAX_ROWS]]
     columns = [Column(chosen=path[-1]) for path in paths]
     first_cells: list[SafeString] = [escape(text) for text in base]
     for index, (column, segment) in enumerate(zip(columns, segments, strict=True)):
@@ -108,7 +93,7 @@ def compare(*, conversation: Conversation, chosen: list[Message]) -> Comparison:
             if index == 0:
                 column.cells.append(Cell(message, first_cells[row]))
                 continue
-            text = plain_text(message)
+            text = readable_text(message.parts)
             if row < len(base):
                 old, new = word_diff(base[row], text)
                 if index == 1:

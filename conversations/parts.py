@@ -268,6 +268,36 @@ def check_turn_pairing(drafts: list[DraftMessage], *, ends_in_rewind: bool = Fal
         )
 
 
+def readable_text(parts: Any, *, results: bool = True) -> str:
+    """A message's parts as a reader sees them, one line per part: text as it is,
+    ``[thinking]``, ``[call <name>]``, a tool result's text (or ``[tool result]`` and
+    ``error`` with ``results=False``), ``[image]``. The compare page diffs this; previews
+    squash it to one line."""
+    bits: list[str] = []
+    for part in parts if isinstance(parts, list) else []:
+        if not isinstance(part, dict):
+            continue
+        kind = part.get("type")
+        if kind == "text":
+            bits.append(str(part.get("text", "")))
+        elif kind == "thinking":
+            bits.append("[thinking]")
+        elif kind == "tool_call":
+            bits.append(f"[call {part.get('name')}]")
+        elif kind == "tool_result":
+            if results:
+                bits.extend(
+                    str(inner.get("text", ""))
+                    for inner in part.get("parts") or []
+                    if isinstance(inner, dict) and inner.get("type") == "text"
+                )
+            else:
+                bits.append("[tool result]" + (" error" if part.get("is_error") else ""))
+        elif kind == "image":
+            bits.append("[image]")
+    return "\n".join(bits)
+
+
 # A message's searchable text is capped: tool results can hold megabytes (a whole file
 # read by an agent), and the column would otherwise double them. 200,000 characters keeps
 # everything but such dumps whole; past the cap a word is not found.

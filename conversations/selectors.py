@@ -15,6 +15,7 @@ from django.db.models.functions import Coalesce, Greatest, StrIndex, Substr, Upp
 
 from conversations.errors import InvalidInput, NotFound
 from conversations.models import Checkpoint, Conversation, Message
+from conversations.parts import readable_text
 
 User = AbstractBaseUser | AnonymousUser
 
@@ -149,22 +150,7 @@ def message_children(*, message: Message) -> QuerySet[Message]:
 
 def preview(parts: list[dict[str, Any]], limit: int = 80) -> str:
     """A one-line text preview of a message's parts."""
-    bits: list[str] = []
-    for part in parts:
-        kind = part.get("type")
-        if kind == "text":
-            bits.append(part.get("text", ""))
-        elif kind == "tool_call":
-            bits.append(f"[call {part.get('name')}]")
-        elif kind == "tool_result":
-            bits.append("[tool result]" + (" error" if part.get("is_error") else ""))
-        elif kind == "image":
-            bits.append("[image]")
-        elif kind == "thinking":
-            bits.append("[thinking]")
-        if sum(len(b) for b in bits) > limit:
-            break
-    text = " ".join(" ".join(bits).split())
+    text = " ".join(readable_text(parts, results=False).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from django import template
 from django.utils.safestring import SafeString, mark_safe
 
-from conversations import markdown
+from conversations import markdown, selectors
 
 register = template.Library()
 
@@ -26,7 +26,13 @@ def pretty_json(value: Any) -> str:
 
 
 @register.filter
-def plain_text(parts: Any) -> str:
+def preview(parts: Any, limit: int = 80) -> str:
+    """A one-line preview of a message's parts (selectors.preview)."""
+    return selectors.preview(parts if isinstance(parts, list) else [], int(limit))
+
+
+@register.filter
+def prompt_text(parts: Any) -> str:
     """The text parts of a message, joined (what an edit starts from)."""
     if not isinstance(parts, list):
         return ""
