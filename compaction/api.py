@@ -34,7 +34,7 @@ def get_context(request: HttpRequest, cid: str, query: Query[ContextQuery]) -> A
     user = request.auth  # type: ignore[attr-defined]
     conversation = selectors.conversation_get(user=user, conversation_id=cid)
     try:
-        spec = resolve_model(query.model or conversation.model or _default_model())
+        spec = resolve_model(selectors.model_id_for(conversation, query.model))
     except ValueError as exc:
         raise InvalidInput(str(exc), code="bad_model") from None
     tip_id = conversation.tip_id
@@ -81,9 +81,3 @@ def get_context(request: HttpRequest, cid: str, query: Query[ContextQuery]) -> A
         "repaired": context.resume.repaired,
         "request": provider_request,
     }
-
-
-def _default_model() -> str:
-    from django.conf import settings
-
-    return str(settings.ARBOR_DEFAULT_MODEL)

@@ -9,7 +9,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
 from django.db.models import QuerySet
 
 from compaction import services
@@ -106,11 +105,6 @@ def record_pages(*, record: CompactionRecord) -> list[SnapshotPage]:
 
 
 # --- the owner's context panel --------------------------------------------------------
-
-
-def model_id_for(conversation: Conversation) -> str:
-    """The model a request for this conversation goes to (as the context API picks it)."""
-    return conversation.model or str(settings.ARBOR_DEFAULT_MODEL)
 
 
 def records_on_path(
@@ -227,7 +221,9 @@ def context_panel(*, conversation: Conversation) -> ContextPanel:
     """What the next request for the conversation's tip would contain, built by the
     same service as the context API but read-only (``compact=False``): a record is
     reused, never made, and no model is called on a GET."""
-    panel = ContextPanel(model_id=model_id_for(conversation), tip_id=conversation.tip_id)
+    panel = ContextPanel(
+        model_id=tree_selectors.model_id_for(conversation), tip_id=conversation.tip_id
+    )
     panel.records = records_on_path(conversation=conversation, tip_id=conversation.tip_id)
     try:
         panel.spec = resolve_model(panel.model_id)

@@ -22,6 +22,7 @@ from django.views.decorators.http import require_GET, require_POST
 from compaction import selectors, services
 from compaction.forms import AuditFilterForm
 from compaction.models import CompactionJob, CompactionRecord, JobState, Trigger
+from conversations import selectors as tree_selectors
 from conversations.errors import NotFound
 from conversations.models import Blob, Conversation
 from conversations.web import conversation_or_404, is_fragment, render_page_or_fragment
@@ -146,7 +147,7 @@ def compact(request: HttpRequest, cid: str) -> HttpResponseBase:
     conversation = conversation_or_404(request, cid)
     if conversation.tip_id is None:
         return HttpResponse("nothing to compact yet", status=400, content_type="text/plain")
-    model_id = selectors.model_id_for(conversation)
+    model_id = tree_selectors.model_id_for(conversation)
     services.job_enqueue(
         conversation=conversation,
         anchor_id=conversation.tip_id,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import connection
 from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery, TextField, Value
@@ -140,6 +141,12 @@ def message_siblings(*, message: Message) -> Siblings:
         .values_list("id", flat=True)
     )
     return Siblings(ids=ids, index=ids.index(message.id))
+
+
+def model_id_for(conversation: Conversation, override: str | None = None) -> str:
+    """The model a request for this conversation goes to: the one asked for, else the
+    conversation's, else ARBOR_DEFAULT_MODEL (turns, the context API and panel alike)."""
+    return override or conversation.model or str(settings.ARBOR_DEFAULT_MODEL)
 
 
 def message_children(*, message: Message) -> QuerySet[Message]:

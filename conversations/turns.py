@@ -203,7 +203,7 @@ def turn_events(
     answer to the same prompt.
     """
     user_parts = _clean_input(parts, conversation.owner_id) if parts is not None else []
-    model_id = model or conversation.model or settings.ARBOR_DEFAULT_MODEL
+    model_id = selectors.model_id_for(conversation, model)
     spec = _resolve(model_id)
     if parent_id is _AT_TIP:
         conversation.refresh_from_db(fields=["tip", "version"])
