@@ -260,7 +260,10 @@ def context_build(
     shows this on a GET."""
     from conversations.turns import transcript_for_model
 
-    messages, resume = transcript_for_model(conversation=conversation, tip_id=tip_id)
+    # A read-only look (compact=False) writes nothing, not even a dropped checkpoint.
+    messages, resume = transcript_for_model(
+        conversation=conversation, tip_id=tip_id, drop_checkpoints=compact
+    )
     calibration, reported = calibration_get(spec.id)
     budget = budget or model_budget(spec, reported)
     model = model_info(spec, reported)

@@ -85,14 +85,15 @@ class TurnOutcome:
 
 
 def transcript_for_model(
-    *, conversation: Conversation, tip_id: uuid.UUID | None
+    *, conversation: Conversation, tip_id: uuid.UUID | None, drop_checkpoints: bool = True
 ) -> tuple[list[dict[str, Any]], ResumeReport]:
     """The path to ``tip_id`` as a model may receive it: trimmed back to the last valid
     boundary (see conversations.resume). A live checkpoint whose message was trimmed is
-    marked dropped — never moved to another message."""
+    marked dropped — never moved to another message — unless ``drop_checkpoints`` is
+    False (a read-only look, such as the browser's context panel)."""
     path = selectors.message_path(conversation_id=conversation.pk, tip_id=tip_id)
     view, report = resume_view(path)
-    if report.trimmed:
+    if report.trimmed and drop_checkpoints:
         trimmed = {uuid.UUID(mid) for mid in report.trimmed}
         for checkpoint in Checkpoint.objects.filter(
             conversation=conversation, state=CheckpointState.LIVE, message_id__in=trimmed

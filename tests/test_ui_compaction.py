@@ -29,10 +29,10 @@ from compaction.models import (
 )
 from compaction.tasks import run_compaction_job
 from conversations import services
-from conversations.models import Conversation
+from conversations.models import Checkpoint, Conversation
 from conversations.providers import resolve_model
 from conversations.providers.fake import FakeLLMServer
-from tests.builders import grow, make_user, new_conversation
+from tests.builders import grow, make_user, new_conversation, tool_turn
 from tests.fake_models import serve_fake_models
 from tests.test_ui_pages import png_bytes
 
@@ -345,6 +345,24 @@ class ContextPanelTests(Base):
         api = self.api_context(conv)
         _, after = self.panel(conv)
         self.assert_gauge_matches(after, api)
+
+    def test_a_get_leaves_a_checkpoint_on_a_trimmed_call_alone(self) -> None:
+        conv, _ = new_conversation(self.alice)
+        turn = services.turn_append(
+            conversation=conv, parent_id=None, expected_version=0, messages=tool_turn("go")
+        )
+        call_id = turn.message_ids[1]
+        services.tip_move(conversation=conv, message_id=call_id, expected_version=turn.version)
+        # An imported checkpoint on the unanswered call (importers keep what files say).
+        imported = Checkpoint.objects.create(
+            conversation=conv, label="odd", message_id=call_id, source="user"
+        )
+        self.panel(conv)
+        imported.refresh_from_db()
+        assert imported.state == "live"  # the panel only looks
+        self.api_context(conv)  # resuming through the API trims, and drops it
+        imported.refresh_from_db()
+        assert imported.state == "dropped"
 
     def test_records_off_the_path_are_not_listed(self) -> None:
         first = self.conv.messages.get(depth=0)
