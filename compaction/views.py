@@ -25,7 +25,12 @@ from compaction.models import CompactionJob, CompactionRecord, JobState, Trigger
 from conversations import selectors as tree_selectors
 from conversations.errors import NotFound
 from conversations.models import Blob, Conversation
-from conversations.web import conversation_or_404, is_fragment, render_page_or_fragment
+from conversations.web import (
+    blob_response,
+    conversation_or_404,
+    is_fragment,
+    render_page_or_fragment,
+)
 
 # --- helpers -------------------------------------------------------------------------
 
@@ -54,10 +59,7 @@ def _own_record(request: HttpRequest, cid: str, rid: str) -> CompactionRecord:
 def _blob_response(blob: Blob | None) -> FileResponse:
     if blob is None:
         raise Http404("no such page")
-    response = FileResponse(blob.file.open("rb"), content_type=blob.mime)
-    response["Cache-Control"] = "private, max-age=3600"
-    response["X-Content-Type-Options"] = "nosniff"
-    return response
+    return blob_response(blob)
 
 
 def _record_page(request: HttpRequest, record: CompactionRecord, scope: str) -> HttpResponse:

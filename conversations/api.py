@@ -38,6 +38,7 @@ from conversations.schemas import (
     TurnOut,
 )
 from conversations.streaming import event_stream
+from conversations.web import blob_response
 
 router = Router(tags=["tree"])
 
@@ -377,8 +378,4 @@ def get_blob(request: HttpRequest, sha256: str) -> FileResponse:
     blob = Blob.objects.filter(sha256=sha256, owners__id=_user(request).pk).first()
     if blob is None:
         raise NotFound(f"no such blob: {sha256}")
-    response = FileResponse(blob.file.open("rb"), content_type=blob.mime)
-    # Immutable by construction: the name is the hash of the bytes.
-    response["Cache-Control"] = "private, max-age=31536000, immutable"
-    response["X-Content-Type-Options"] = "nosniff"
-    return response
+    return blob_response(blob)

@@ -13,13 +13,13 @@ import uuid
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils.cache import patch_vary_headers
 
 from conversations import selectors
 from conversations.errors import NotFound
-from conversations.models import Conversation, Message
+from conversations.models import Blob, Conversation, Message
 
 
 def is_fragment(request: HttpRequest) -> bool:
@@ -64,3 +64,12 @@ def signed_in_user(request: HttpRequest) -> User:
     """The signed-in user (every HTML view is behind login_required)."""
     assert isinstance(request.user, User)
     return request.user
+
+
+def blob_response(blob: Blob) -> FileResponse:
+    """A stored image, for someone already allowed to see it. Immutable by construction
+    (its name is the hash of its bytes); private, so no shared cache keeps it."""
+    response = FileResponse(blob.file.open("rb"), content_type=blob.mime)
+    response["Cache-Control"] = "private, max-age=31536000, immutable"
+    response["X-Content-Type-Options"] = "nosniff"
+    return response
