@@ -18,7 +18,7 @@ class NoJavaScriptTests(LayoutTestCase):
         assert hrefs and not bad, bad
 
     def test_read_list_chat_checkpoints_tree_and_compare_by_following_links(self) -> None:
-        self.use({**DESKTOP, "java_script_enabled": False})
+        self.use({**DESKTOP, "java_script_enabled": False}, "root")
         page, c = self.page, self.conv.pk
 
         # The list (sign-in left us there): a conversation's title is a link.

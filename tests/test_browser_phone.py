@@ -19,7 +19,7 @@ from conversations import services
 from conversations.models import Conversation, Message
 from conversations.providers.fake import Step
 from tests.builders import make_user, text
-from tests.test_browser_ui import INIT_SCRIPT, SCREENSHOTS, BrowserTestCase
+from tests.test_browser_ui import SCREENSHOTS, BrowserTestCase
 
 PHONE = {"viewport": {"width": 390, "height": 844}, "is_mobile": True, "has_touch": True}
 DESKTOP = {"viewport": {"width": 1280, "height": 800}}
@@ -109,18 +109,6 @@ class LayoutTestCase(BrowserTestCase):
             summary="They wrote a loader.", summary_model="openai/test", summary_prompt="Sum up",
         )  # fmt: skip
 
-    def use(self, options: dict[str, Any]) -> None:
-        """Swap the default browser context for one of this size (and sign in again)."""
-        self.context.close()
-        self.context = self.browser.new_context(**options)
-        self.context.add_init_script(INIT_SCRIPT)
-        self.addCleanup(self.context.close)
-        self.page = self.context.new_page()
-        self.page.set_default_timeout(15_000)
-        self.page.on("request", self._record_request)
-        self.page.on("console", self._record_console)
-        self.sign_in("root")
-
     def pages(self) -> list[tuple[str, str, list[str]]]:
         """(name, path, the page's main actions)."""
         chat = ["#composer textarea", "#composer button", f"#msg-{self.prompt} .sib-prev",
@@ -172,7 +160,7 @@ class LayoutTestCase(BrowserTestCase):
                     element.click(trial=True, timeout=3_000)
 
     def check_every_page(self, options: dict[str, Any], prefix: str, min_height: int) -> None:
-        self.use(options)
+        self.use(options, "root")
         width = options["viewport"]["width"]
         page = self.page
         for name, path, actions in self.pages():
@@ -211,7 +199,7 @@ class PhoneLayoutTests(LayoutTestCase):
         self.check_every_page(DESKTOP, "desktop", 0)
 
     def test_send_stream_and_switch_versions_on_a_phone(self) -> None:
-        self.use(PHONE)
+        self.use(PHONE, "root")
         page = self.page
         page.goto(self.url(f"/c/{self.conv.pk}/"))
         self.fake.push(Step.reply("Streamed to the phone, word by word, " * 6))

@@ -12,7 +12,7 @@ from conversations.models import Conversation, Message
 from conversations.treemap import ALTS_SHOWN, STRETCH_CHUNK
 from tests.builders import bulk_tree, comb, make_user, new_conversation, text
 from tests.test_browser_phone import PHONE
-from tests.test_browser_ui import INIT_SCRIPT, SCREENSHOTS, BrowserTestCase
+from tests.test_browser_ui import SCREENSHOTS, BrowserTestCase
 
 
 class TreeGraphTests(BrowserTestCase):
@@ -36,18 +36,6 @@ class TreeGraphTests(BrowserTestCase):
 
     def node(self, name: str) -> str:
         return f"#gn-{self.nodes[name].pk}"
-
-    def use(self, options: dict[str, object]) -> None:
-        """A fresh browser context with these options (and sign in again)."""
-        self.context.close()
-        self.context = self.browser.new_context(**options)
-        self.context.add_init_script(INIT_SCRIPT)
-        self.addCleanup(self.context.close)
-        self.page = self.context.new_page()
-        self.page.set_default_timeout(15_000)
-        self.page.on("request", self._record_request)
-        self.page.on("console", self._record_console)
-        self.sign_in("alice")
 
     def assert_no_sideways_scroll(self, width: int) -> None:
         scroll, inner = self.page.evaluate(
@@ -98,7 +86,9 @@ class TreeGraphTests(BrowserTestCase):
         self.assert_clean()
 
     def test_without_javascript_the_graph_links_load_pages(self) -> None:
-        self.use({"viewport": {"width": 1200, "height": 900}, "java_script_enabled": False})
+        self.use(
+            {"viewport": {"width": 1200, "height": 900}, "java_script_enabled": False}, "alice"
+        )
         page = self.page
         page.goto(self.url(f"/c/{self.conv.pk}/tree/"))
         hrefs = page.eval_on_selector_all("svg a", "els => els.map(e => e.getAttribute('href'))")
@@ -166,7 +156,9 @@ class TreeGraphTests(BrowserTestCase):
 
     def test_without_javascript_a_gap_opens_in_the_page(self) -> None:
         conv, spine = self.long_branch()
-        self.use({"viewport": {"width": 1200, "height": 900}, "java_script_enabled": False})
+        self.use(
+            {"viewport": {"width": 1200, "height": 900}, "java_script_enabled": False}, "alice"
+        )
         page = self.page
         page.goto(self.url(f"/c/{conv.pk}/tree/"))
         page.click(".tree li.gap a")
@@ -177,7 +169,7 @@ class TreeGraphTests(BrowserTestCase):
         assert self.outside == [], self.outside
 
     def test_on_a_phone_the_graph_scrolls_in_its_own_box(self) -> None:
-        self.use(PHONE)
+        self.use(PHONE, "alice")
         page = self.page
         page.goto(self.url(f"/c/{self.conv.pk}/tree/"))
         self.assert_no_sideways_scroll(390)

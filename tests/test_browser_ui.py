@@ -84,16 +84,26 @@ class BrowserTestCase(StaticLiveServerTestCase):
         super().tearDownClass()
 
     def setUp(self) -> None:
-        self.context = self.browser.new_context(viewport={"width": 1200, "height": 900})
-        self.context.add_init_script(INIT_SCRIPT)
-        self.page = self.context.new_page()
-        self.page.set_default_timeout(15_000)
         self.outside: list[str] = []
         self.csp_errors: list[str] = []
+        self._open({"viewport": {"width": 1200, "height": 900}})
+
+    def _open(self, options: dict[str, Any]) -> None:
+        self.context = self.browser.new_context(**options)
+        self.context.add_init_script(INIT_SCRIPT)
+        self.addCleanup(self.context.close)
+        self.page = self.context.new_page()
+        self.page.set_default_timeout(15_000)
         self.page.on("request", self._record_request)
         self.page.on("console", self._record_console)
         self.page.on("dialog", lambda dialog: dialog.dismiss())
-        self.addCleanup(self.context.close)
+
+    def use(self, options: dict[str, Any], username: str) -> None:
+        """Swap the browser context for one with these options (a phone viewport, no
+        JavaScript) and sign ``username`` in again."""
+        self.context.close()
+        self._open(options)
+        self.sign_in(username)
 
     def _record_request(self, request: Any) -> None:
         if not request.url.startswith(self.live_server_url):
