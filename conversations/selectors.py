@@ -161,6 +161,18 @@ def preview(parts: list[dict[str, Any]], limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _after_cursor(qs: QuerySet[Any], cursor: str, field: str) -> QuerySet[Any]:
+    """The rows after a keyset cursor of (``field``, id), in (``-field``, ``-id``) order."""
+    when_s, id_s = _decode_cursor(cursor, 2)
+    try:
+        when, pk = datetime.fromisoformat(when_s), uuid.UUID(id_s)
+    except ValueError:
+        raise InvalidInput("the cursor is not valid", code="bad_cursor") from None
+    if when.tzinfo is None:
+        raise InvalidInput("the cursor is not valid", code="bad_cursor")
+    return qs.filter(Q(**{f"{field}__lt": when}) | Q(**{field: when, "id__lt": pk}))
+
+
 def _encode_cursor(*values: Any) -> str:
     raw = "|".join(v.isoformat() if isinstance(v, datetime) else str(v) for v in values)
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
@@ -227,14 +239,7 @@ def conversation_page(*, user: User, q: str, cursor: str | None, limit: int) -> 
         qs = qs.filter(title__icontains=q)
     qs = qs.order_by("-updated_at", "-id")
     if cursor:
-        updated_s, id_s = _decode_cursor(cursor, 2)
-        try:
-            updated, cid = datetime.fromisoformat(updated_s), uuid.UUID(id_s)
-        except ValueError:
-            raise InvalidInput("the cursor is not valid", code="bad_cursor") from None
-        if updated.tzinfo is None:
-            raise InvalidInput("the cursor is not valid", code="bad_cursor")
-        qs = qs.filter(Q(updated_at__lt=updated) | Q(updated_at=updated, id__lt=cid))
+        qs = _after_cursor(qs, cursor, "updated_at")
     rows = list(qs[: limit + 1])
     next_cursor = None
     if len(rows) > limit:
@@ -291,14 +296,7 @@ def message_search(*, user: User, q: str, limit: int, cursor: str | None = None)
         .order_by("-created_at", "-id")
     )
     if cursor:
-        created_s, id_s = _decode_cursor(cursor, 2)
-        try:
-            created, mid = datetime.fromisoformat(created_s), uuid.UUID(id_s)
-        except ValueError:
-            raise InvalidInput("the cursor is not valid", code="bad_cursor") from None
-        if created.tzinfo is None:
-            raise InvalidInput("the cursor is not valid", code="bad_cursor")
-        qs = qs.filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=mid))
+        qs = _after_cursor(qs, cursor, "created_at")
     rows = list(
         qs.values_list(
             "conversation_id", "conversation__title", "id", "role", "created_at",
