@@ -55,7 +55,9 @@ def message_or_404(conversation: Conversation, mid: str | uuid.UUID) -> Message:
     """A message of ``conversation`` (already owner-checked); a malformed id or one from
     another conversation is a 404."""
     try:
-        return Message.objects.get(pk=uuid.UUID(str(mid)), conversation=conversation)
+        return Message.objects.defer("search_text").get(
+            pk=uuid.UUID(str(mid)), conversation=conversation
+        )
     except (ValueError, Message.DoesNotExist):
         raise Http404("no such message") from None
 
