@@ -13,6 +13,7 @@ import json
 import math
 import re
 from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -251,6 +252,33 @@ NEWEST_LEAF = "newest leaf: the leaf written last in the file"
 
 def text_part(text: str) -> Part:
     return {"type": "text", "text": text}
+
+
+BlockReader = Callable[[dict[str, Any]], "Part | None"]
+
+
+def block_parts(
+    content: Any, readers: Mapping[str, BlockReader], unknown: BlockReader
+) -> list[Part]:
+    """A message's content as parts, in the Anthropic-like shape several formats share:
+    a string (one text part, none when empty) or a list of typed blocks. Each block goes
+    to the reader for its ``type`` (``unknown`` for any other type); a reader returns a
+    part or None (left out, having noted why). Non-object blocks are skipped."""
+    if isinstance(content, str):
+        return [text_part(content)] if content else []
+    parts: list[Part] = []
+    for block in content if isinstance(content, list) else []:
+        if isinstance(block, dict):
+            part = readers.get(block.get("type"), unknown)(block)  # type: ignore[arg-type]
+            if part is not None:
+                parts.append(part)
+    return parts
+
+
+def nonempty_text(block: dict[str, Any]) -> Part | None:
+    """A text block's part, or None for an empty one."""
+    text = as_str(block.get("text"))
+    return text_part(text) if text else None
 
 
 def thinking_part(text: str, signature: Any = None) -> Part:

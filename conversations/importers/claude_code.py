@@ -32,8 +32,10 @@ from conversations.importers.base import (
     SourceConversation,
     as_dict,
     as_str,
+    block_parts,
     first_text,
     json_text,
+    nonempty_text,
     parse_time,
     preview_text,
     text_part,
@@ -330,41 +332,29 @@ def _task_calls(nodes: list[Node]) -> dict[str, tuple[str, str]]:
 
 
 def _assistant_parts(content: Any, node: Node, uid: str) -> list[Part]:
-    if isinstance(content, str):
-        return [text_part(content)] if content else []
-    parts: list[Part] = []
-    for block in content if isinstance(content, list) else []:
-        if not isinstance(block, dict):
-            continue
+    def left_out(block: dict[str, Any]) -> None:
         kind = block.get("type")
-        if kind == "text":
-            if as_str(block.get("text")):
-                parts.append(text_part(block["text"]))
-        elif kind == "thinking":
-            parts.append(thinking_part(as_str(block.get("thinking")), block.get("signature")))
-        elif kind == "tool_use":
-            parts.append(tool_call_part(block.get("id"), block.get("name"), block.get("input")))
-        elif kind == "redacted_thinking":
-            node.note("content_dropped", f"record {uid}: redacted thinking left out")
-        else:
-            node.note("content_dropped", f"record {uid}: a {kind} block left out")
-    return parts
+        what = "redacted thinking" if kind == "redacted_thinking" else f"a {kind} block"
+        node.note("content_dropped", f"record {uid}: {what} left out")
+
+    return block_parts(
+        content,
+        {
+            "text": nonempty_text,
+            "thinking": lambda b: thinking_part(as_str(b.get("thinking")), b.get("signature")),
+            "tool_use": lambda b: tool_call_part(b.get("id"), b.get("name"), b.get("input")),
+        },
+        left_out,
+    )
 
 
 def _user_parts(blocks: list[Any], node: Node) -> list[Part]:
-    parts: list[Part] = []
-    for block in blocks:
-        if not isinstance(block, dict):
-            continue
-        kind = block.get("type")
-        if kind == "text":
-            if as_str(block.get("text")):
-                parts.append(text_part(block["text"]))
-        elif kind == "image":
-            parts.append(_image(block, node))
-        else:
-            node.note("content_dropped", f"a {kind} block left out")
-    return parts
+    def left_out(block: dict[str, Any]) -> None:
+        node.note("content_dropped", f"a {block.get('type')} block left out")
+
+    return block_parts(
+        blocks, {"text": nonempty_text, "image": lambda b: _image(b, node)}, left_out
+    )
 
 
 def _image(block: dict[str, Any], node: Node) -> Part:

@@ -32,8 +32,10 @@ from conversations.importers.base import (
     SourceCheckpoint,
     SourceConversation,
     as_str,
+    block_parts,
     first_text,
     json_text,
+    nonempty_text,
     parse_time,
     preview_text,
     text_part,
@@ -193,40 +195,34 @@ def _compaction(node: Node, entry: dict[str, Any]) -> None:
     }
 
 
+def _image(block: dict[str, Any], node: Node) -> Part:
+    return b64_image(block.get("data"), block.get("mimeType"), node, "image block")
+
+
 def _user_content(content: Any, node: Node) -> list[Part]:
-    if isinstance(content, str):
-        return [text_part(content)] if content else []
-    parts: list[Part] = []
-    for block in content if isinstance(content, list) else []:
-        if not isinstance(block, dict):
-            continue
-        kind = block.get("type")
-        if kind == "text":
-            parts.append(text_part(as_str(block.get("text"))))
-        elif kind == "image":
-            parts.append(b64_image(block.get("data"), block.get("mimeType"), node, "image block"))
-        else:
-            parts.append(text_part(json_text(block)))
-    return parts
+    # pi keeps empty text blocks, and any other block as its JSON.
+    return block_parts(
+        content,
+        {
+            "text": lambda b: text_part(as_str(b.get("text"))),
+            "image": lambda b: _image(b, node),
+        },
+        lambda b: text_part(json_text(b)),
+    )
 
 
 def _assistant_content(content: Any, node: Node) -> list[Part]:
-    if isinstance(content, str):
-        return [text_part(content)] if content else []
-    parts: list[Part] = []
-    for block in content if isinstance(content, list) else []:
-        if not isinstance(block, dict):
-            continue
-        kind = block.get("type")
-        if kind == "text":
-            if as_str(block.get("text")):
-                parts.append(text_part(block["text"]))
-        elif kind == "thinking":
-            parts.append(
-                thinking_part(as_str(block.get("thinking")), block.get("thinkingSignature") or None)
-            )
-        elif kind == "toolCall":
-            parts.append(tool_call_part(block.get("id"), block.get("name"), block.get("arguments")))
-        else:
-            node.note("content_dropped", f"a {kind} block left out")
-    return parts
+    def left_out(block: dict[str, Any]) -> None:
+        node.note("content_dropped", f"a {block.get('type')} block left out")
+
+    return block_parts(
+        content,
+        {
+            "text": nonempty_text,
+            "thinking": lambda b: thinking_part(
+                as_str(b.get("thinking")), b.get("thinkingSignature") or None
+            ),
+            "toolCall": lambda b: tool_call_part(b.get("id"), b.get("name"), b.get("arguments")),
+        },
+        left_out,
+    )
