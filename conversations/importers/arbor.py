@@ -18,7 +18,6 @@ from conversations.importers.base import (
     ORIGINS,
     ROLES,
     ConversationReport,
-    FileIssues,
     ImportReport,
     Limits,
     Node,
@@ -30,7 +29,7 @@ from conversations.importers.base import (
     image_ref_part,
     parse_time,
 )
-from conversations.importers.reading import iter_documents
+from conversations.importers.reading import parse_documents
 
 FORMAT = "arbor"
 VERSION = 1
@@ -39,10 +38,7 @@ CHECKPOINT_SOURCES = ("user", "model")
 
 
 def parse(path: Path, *, report: ImportReport, limits: Limits) -> Iterator[SourceConversation]:
-    for index, doc in iter_documents(path, issues=FileIssues(report), limits=limits):
-        conversation = conversation_from(doc, index, report)
-        if conversation is not None:
-            yield conversation
+    return parse_documents(path, report=report, limits=limits, read=conversation_from)
 
 
 def _key(value: Any) -> str | None:

@@ -21,7 +21,6 @@ from typing import Any
 from conversations.importers.base import (
     ORIGINS,
     ConversationReport,
-    FileIssues,
     ImportReport,
     Limits,
     Node,
@@ -37,16 +36,13 @@ from conversations.importers.base import (
     tool_call_part,
     tool_result_part,
 )
-from conversations.importers.reading import iter_documents
+from conversations.importers.reading import parse_documents
 
 ARBOR_BLOB_PREFIX = "arbor-blob://"
 
 
 def parse(path: Path, *, report: ImportReport, limits: Limits) -> Iterator[SourceConversation]:
-    for index, doc in iter_documents(path, issues=FileIssues(report), limits=limits):
-        conversation = conversation_from(doc, index, report)
-        if conversation is not None:
-            yield conversation
+    return parse_documents(path, report=report, limits=limits, read=conversation_from)
 
 
 def conversation_from(doc: Any, index: int, report: ImportReport) -> SourceConversation | None:

@@ -24,7 +24,6 @@ from typing import Any
 
 from conversations.importers.base import (
     ConversationReport,
-    FileIssues,
     ImportReport,
     Limits,
     Node,
@@ -42,7 +41,7 @@ from conversations.importers.base import (
     tool_result_part,
 )
 from conversations.importers.media import url_image
-from conversations.importers.reading import iter_documents
+from conversations.importers.reading import parse_documents
 
 FORMAT = "openwebui"
 _DETAILS = re.compile(r"<details\b([^>]*)>(.*?)</details>", re.DOTALL | re.IGNORECASE)
@@ -51,10 +50,7 @@ _ATTR = re.compile(r'([\w-]+)="([^"]*)"')
 
 
 def parse(path: Path, *, report: ImportReport, limits: Limits) -> Iterator[SourceConversation]:
-    for index, doc in iter_documents(path, issues=FileIssues(report), limits=limits):
-        conversation = conversation_from(doc, index, report)
-        if conversation is not None:
-            yield conversation
+    return parse_documents(path, report=report, limits=limits, read=conversation_from)
 
 
 def conversation_from(doc: Any, index: int, report: ImportReport) -> SourceConversation | None:

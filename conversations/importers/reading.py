@@ -12,11 +12,19 @@ from __future__ import annotations
 import codecs
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from conversations.importers.base import ImportRejected, Issues, Limits, reject_constant
+from conversations.importers.base import (
+    FileIssues,
+    ImportRejected,
+    ImportReport,
+    Issues,
+    Limits,
+    SourceConversation,
+    reject_constant,
+)
 
 CHUNK = 1 << 20
 _WS = re.compile(r"[ \t\n\r]*")
@@ -460,3 +468,19 @@ def detect_format(path: Path, *, limits: Limits) -> str:
         "could not tell the format; pass one of chatgpt, claude-code, pi, openwebui, arbor",
         code="unknown_format",
     )
+
+
+def parse_documents(
+    path: Path,
+    *,
+    report: ImportReport,
+    limits: Limits,
+    read: Callable[[Any, int, ImportReport], SourceConversation | None],
+) -> Iterator[SourceConversation]:
+    """The conversations of a file of JSON documents (one, an array, or one per line),
+    each read by ``read(document, index, report)``; a document it cannot use (None) is
+    left out, with the reason in the report."""
+    for index, doc in iter_documents(path, issues=FileIssues(report), limits=limits):
+        conversation = read(doc, index, report)
+        if conversation is not None:
+            yield conversation
