@@ -5,12 +5,14 @@ filters."""
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any
 from unittest import mock
 
 from django.db import connection
 
+from compaction import render
 from compaction.models import CompactionJob, CompactionRecord, JobState
 from compaction.tasks import run_compaction_job
 from conversations import services
@@ -55,12 +57,14 @@ class ContextPanelTests(BrowserTestCase):
             page.wait_for_selector("#job-list .job.queued")
         job = CompactionJob.objects.get(conversation=self.conv)
         assert job.state == JobState.QUEUED
-        # The worker stops at its OCR stage until the page has shown it.
+        # The worker stops at its OCR stage until the page has shown it, then measures
+        # the page with the real tesseract.
         release = threading.Event()
+        real_ocr = render.ocr_cer
 
-        def ocr(drawn: Any) -> float:
+        def ocr(drawn: Any) -> float | None:
             release.wait(60)
-            return 0.01
+            return real_ocr(drawn)
 
         errors: list[BaseException] = []
         worker = threading.Thread(target=_run_job, args=(str(job.pk), errors))
@@ -93,7 +97,9 @@ class ContextPanelTests(BrowserTestCase):
             ".every(img => img.complete && img.naturalWidth > 0)"
         )
         assert "billed tokens" in page.inner_text(".pages figcaption")
-        assert "OCR CER 0.010" in page.inner_text(".pages figcaption")
+        measured = record.pages.get().ocr_cer
+        assert measured is not None and 0 <= measured < 0.1  # real tesseract, real page
+        assert re.search(r"OCR CER \d\.\d{3}", page.inner_text(".pages figcaption"))
         self.assert_clean()
 
 
