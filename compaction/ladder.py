@@ -5,30 +5,32 @@ Django, no database, no network. Each rung returns a NEW view and a :class:`Rung
 the messages given in are never mutated (DESIGN.md invariant 8) and every placeholder,
 page and summary names the ids of the originals it stands for.
 
-Rungs, cheapest first (invariant 9):
+Rungs, cheapest first (invariant 9), always run from the originals (``view.source``):
 
-1. ``elide``: tool results older than the last K turns that are *uneventful* become
-   ``[elided tool result <message id>: N chars]`` (inside the same tool_result part, so
-   the call/result pairing stays valid). A result is eventful, and kept, when it is an
-   error, or when later narration (the text of a later user or assistant message)
-   mentions its call id, its message id, or one of its *distinctive tokens*: a path
-   (``a/b``), a file name with an extension (``sdk.js``, also the base name of a path),
-   or an id/hash mixing letters and digits (8+ characters), that does not already appear
-   in the call's own arguments (asking to read ``x.py`` and later talking about ``x.py``
-   does not make the file's contents needed; a grep revealing ``y.py`` which is then
-   discussed does). Results shorter than their placeholder are left alone. Narration is
-   never touched.
-2. ``strip_images``: images older than the last K turns become
-   ``[image <sha256> WxH removed]``.
+0. ``fit_images``: what the provider accepts at all, applied to every request: no image
+   parts for a model without vision (placeholders naming blob and message), images over
+   the bytes-per-image limit recompressed by an injected ``shrink`` (or replaced), the
+   oldest images dropped when the request has too many or is too many bytes.
+1. ``elide``: tool results between the head and the last K turns that are *uneventful*
+   become ``[elided tool result <message id>: N chars]`` (inside the same tool_result
+   part, so the call/result pairing stays valid). A result is eventful, and kept, when
+   it is an error, when its call or message id is quoted anywhere later, or when later
+   narration or a later tool call's arguments use what it revealed: a path, file name,
+   id or code identifier first seen in it (not asked for by its own call), or a number
+   it holds (line numbers included). Narration is never touched.
+2. ``strip_images``: images between the head and the last K turns become
+   ``[image <sha256> WxH removed; message <id>]``. Snapshot pages are never stripped.
 3. ``snapshot``: head = leading system messages + the first user turn (or, when that turn
    alone exceeds the head budget, just up to the first user message: the task), tail =
-   the newest turns that fit the tail budget, middle = pages drawn by an injected
-   ``render`` callable from the archived original text of the middle (a result the
-   elision rung judged uneventful is drawn as its placeholder). Skipped for models
-   without vision.
+   the newest turns that fit the tail budget, cut at a turn boundary; both are sent as
+   the originals, byte for byte. The middle becomes pages drawn by an injected
+   ``render`` callable from the archived original text (a result the elision rung
+   judged uneventful is drawn as its placeholder), followed by the user's own messages
+   of the middle, verbatim. Skipped for models without vision.
 4. ``summarize_middle``: one model call over the middle through an injected
    ``summarize`` callable, chunked (and merged) so that no request's calibrated
-   estimate plus its reserved output exceeds the window less the margin (invariant 11).
+   estimate plus its reserved output exceeds the window less the margin (invariant 11);
+   head, tail and the user's own words stay verbatim beside it.
 
 Turns start at each user message (the first turn also holds any leading system
 messages). The view is only ever cut at a *safe boundary*: a point with no tool call
@@ -56,6 +58,7 @@ from compaction.estimate import (
     check_limits,
     compact_json,
     count_text_tokens,
+    image_bytes,
     margin_tokens,
     message_tokens,
     part_tokens,
@@ -400,6 +403,17 @@ _EXTENSIONS = (
 )
 _FILE_RE = re.compile(rf"^[A-Za-z0-9_][\w.-]*\.(?:{_EXTENSIONS})$", re.IGNORECASE)
 _MIXED_ID_RE = re.compile(r"^(?=[\w-]*[0-9])(?=[\w-]*[A-Za-z])[\w-]{8,}$")
+# Code identifiers: camelCase / PascalCase with an inner capital, snake_case, or a name
+# mixing letters and digits; plain words ("model", "Error") are not distinctive.
+_IDENT_RE = re.compile(
+    r"[A-Za-z_][A-Za-z0-9_]*(?:[a-z0-9][A-Z]|_[A-Za-z0-9])[A-Za-z0-9_]*|[A-Za-z]+[0-9][A-Za-z0-9]*"
+)
+# Numbers a later message may quote: three digits or more (line numbers, ports, sizes,
+# counts), not the tail of a name such as ``text-gray-600``; a result's own line
+# numbers (``175: …``, ``src/a.py:42:``) count from two digits.
+_NUMBER_RE = re.compile(r"(?<![A-Za-z_.]-)(?<![\w.])\d{3,}(?![\w])")
+_LINE_NUMBER_RE = re.compile(r"(?:^[ \t]*|:)(\d{2,})(?=[:\t|])", re.MULTILINE)
+_SPOKEN_NUMBER_RE = re.compile(r"(?<![A-Za-z_.]-)(?<![\w.])\d{2,}(?![\w])")
 
 
 def _words(text: str) -> set[str]:
@@ -407,9 +421,9 @@ def _words(text: str) -> set[str]:
 
 
 def distinctive_tokens(text: str) -> set[str]:
-    """Paths, file names (and the base names of paths) and letter+digit ids of 8+
-    characters found in ``text``: the words later narration would quote if it relied on
-    this text."""
+    """What later messages would quote if they relied on this text: paths, file names
+    (and the base names of paths), letter+digit ids of 8+ characters, and code
+    identifiers of 4+ characters (``TodoItem``, ``max_tokens``, ``v2beta``)."""
     found: set[str] = set()
     for word in _words(text):
         if "/" in word:
@@ -420,7 +434,19 @@ def distinctive_tokens(text: str) -> set[str]:
                 found.add(base)
         elif (_FILE_RE.match(word) and len(word) >= 4) or _MIXED_ID_RE.match(word):
             found.add(word)
+    found.update(m for m in _IDENT_RE.findall(text) if len(m) >= 4)
     return found
+
+
+def quoted_numbers(text: str) -> set[str]:
+    """Numbers a result holds that a later message could quote: three digits or more,
+    and line numbers from two (``175`` in ``175: if (!model)``)."""
+    return set(_NUMBER_RE.findall(text)) | set(_LINE_NUMBER_RE.findall(text))
+
+
+def spoken_numbers(text: str) -> set[str]:
+    """Numbers of two digits or more in narration or tool arguments (``line 175-176``)."""
+    return set(_SPOKEN_NUMBER_RE.findall(text))
 
 
 def _narration(message: Message) -> str:
@@ -429,131 +455,261 @@ def _narration(message: Message) -> str:
     return "\n".join(p.get("text") or "" for p in message["parts"] if p.get("type") == "text")
 
 
+def _call_arguments(message: Message) -> str:
+    return "\n".join(
+        compact_json(p.get("arguments")) for p in message["parts"] if p.get("type") == "tool_call"
+    )
+
+
 def _result_text(part: Mapping[str, Any]) -> str:
     return "\n".join(
         p.get("text") or "" for p in part.get("parts") or () if p.get("type") == "text"
     )
 
 
+def _all_text(message: Message) -> str:
+    texts = [_narration(message), _call_arguments(message)]
+    texts += [_result_text(p) for p in message["parts"] if p.get("type") == "tool_result"]
+    return "\n".join(texts)
+
+
 def elision_placeholder(message_id: str, chars: int) -> str:
     return f"[elided tool result {message_id}: {chars} chars]"
 
 
-def elide(view: ContextView, *, k_turns: int = DEFAULT_K_TURNS) -> tuple[ContextView, RungReport]:
+@dataclass(frozen=True)
+class _Candidate:
+    index: int
+    part: int
+    call_id: str
+    revealed: frozenset[str]
+    numbers: frozenset[str]
+
+
+def elide(
+    view: ContextView, *, k_turns: int = DEFAULT_K_TURNS, head_end: int = 0
+) -> tuple[ContextView, RungReport]:
     """Rung 1: replace uneventful old tool results' text with a placeholder.
 
-    Ids count as a reference anywhere later; a distinctive token only in the narration
-    of the result's own turn and the next one (the model reacts to a result in its own
-    turn, the user in the next; a file named fifty turns later is about the file, not
-    about this old read of it)."""
+    Only results between the head (``messages[:head_end]``, kept verbatim) and the last
+    K turns are candidates. A result is *eventful*, and kept, when it is an error, or
+    when anything later in the path refers to it: its message or call id anywhere
+    later; a token it revealed (a path, file name, id or identifier first seen in it,
+    not asked for by its own call) or a number it holds, quoted in a later message's
+    narration or in a later tool call's arguments (a path listed by ``ls`` and then
+    read, a line number the model then cites)."""
     recent = view.recent_start(k_turns)
+    messages = view.messages
+    seen: set[str] = set()
     call_words: dict[str, set[str]] = {}
-    for message in view.messages[:recent]:
-        for part in message["parts"]:
-            if part.get("type") == "tool_call":
-                call_words[part["id"]] = _words(compact_json(part.get("arguments")))
-    narration = [_words(_narration(m)) for m in view.messages]
-    turn_words: dict[int, set[str]] = {}
-    for i, words in enumerate(narration):
-        turn_words.setdefault(view.turn_of[i], set()).update(words)
+    candidates: list[_Candidate] = []
+    for i, message in enumerate(messages):
+        if head_end <= i < recent and message["role"] == "tool":
+            for j, part in enumerate(message["parts"]):
+                if part.get("type") != "tool_result" or part.get("is_error"):
+                    continue
+                text = _result_text(part)
+                call_id = str(part.get("call_id"))
+                asked = call_words.get(call_id, set())
+                candidates.append(
+                    _Candidate(
+                        i,
+                        j,
+                        call_id,
+                        frozenset(distinctive_tokens(text) - seen - asked),
+                        frozenset(quoted_numbers(text) - asked),
+                    )
+                )
+        seen |= distinctive_tokens(_all_text(message))
+        if i < recent:
+            for part in message["parts"]:
+                if part.get("type") == "tool_call":
+                    args = compact_json(part.get("arguments"))
+                    call_words[str(part["id"])] = _words(args) | spoken_numbers(args)
+    # Walk backwards so ``later`` holds what every message after ``i`` says.
+    later: set[str] = set()  # words of later narration and tool arguments
+    later_numbers: set[str] = set()
+    later_ids: set[str] = set()  # every word anywhere later, tool results included
+    keep: set[tuple[int, int]] = set()
+    pending = sorted(candidates, key=lambda c: c.index, reverse=True)
+    position = 0
+    for i in range(len(messages) - 1, -1, -1):
+        while position < len(pending) and pending[position].index == i:
+            c = pending[position]
+            position += 1
+            if (
+                messages[i]["id"] in later_ids
+                or c.call_id in later_ids
+                or c.revealed & later
+                or c.numbers & later_numbers
+            ):
+                keep.add((c.index, c.part))
+        spoken = _narration(messages[i]) + "\n" + _call_arguments(messages[i])
+        later |= _words(spoken) | distinctive_tokens(spoken)
+        later_numbers |= spoken_numbers(spoken)
+        # Ids count wherever they are quoted, results included (a recall of this id).
+        later_ids |= _words(_all_text(messages[i]))
 
-    # Walk backwards so the sets hold the narration after each message.
-    later: set[str] = set()
-    in_turn: set[str] = set()
-    new_messages = list(view.messages)
+    new_messages = list(messages)
     replaced: list[Replacement] = []
-    for i in range(len(view.messages) - 1, -1, -1):
-        message = view.messages[i]
-        turn = view.turn_of[i]
-        if i + 1 < len(view.messages) and view.turn_of[i + 1] != turn:
-            in_turn = set()
-        if i < recent and message["role"] == "tool":
-            window = in_turn | turn_words.get(turn + 1, set())
-            parts = _elide_message(message, later, window, call_words, replaced)
-            if parts is not None:
-                new_messages[i] = {**message, "parts": parts}
-        later |= narration[i]
-        in_turn |= narration[i]
-    replaced.reverse()
-    after = view.with_messages(new_messages)
-    return after, _report("elision", view, after, replaced, k_turns=k_turns)
-
-
-def _elide_message(
-    message: Message,
-    later: set[str],
-    window: set[str],
-    call_words: Mapping[str, set[str]],
-    replaced: list[Replacement],
-) -> list[Part] | None:
-    mid = message["id"]
-    if mid in later:
-        return None
-    out: list[Part] = []
-    changed = False
-    for part in message["parts"]:
-        if part.get("type") != "tool_result" or part.get("is_error"):
-            out.append(part)
+    for c in sorted(candidates, key=lambda c: (c.index, c.part)):
+        if (c.index, c.part) in keep:
             continue
+        message = new_messages[c.index]
+        part = message["parts"][c.part]
         text = _result_text(part)
-        call_id = str(part.get("call_id"))
-        revealed = distinctive_tokens(text) - call_words.get(call_id, set())
-        placeholder = elision_placeholder(mid, len(text))
-        if (
-            not text
-            or call_id in later
-            or revealed & window
-            or text_tokens(text) <= text_tokens(placeholder)
-        ):
-            out.append(part)
+        placeholder = elision_placeholder(message["id"], len(text))
+        if not text or text_tokens(text) <= text_tokens(placeholder):
             continue
         # Images stay for rung 2; the text parts collapse into one placeholder.
         inner: list[Part] = [{"type": "text", "text": placeholder}]
         inner += [p for p in part.get("parts") or () if p.get("type") != "text"]
-        out.append({**part, "parts": inner})
-        replaced.append(Replacement(mid, "tool_result", placeholder))
-        changed = True
-    return out if changed else None
+        parts = list(message["parts"])
+        parts[c.part] = {**part, "parts": inner}
+        new_messages[c.index] = {**message, "parts": parts}
+        replaced.append(Replacement(message["id"], "tool_result", placeholder))
+    after = view.with_messages(new_messages)
+    return after, _report("elision", view, after, replaced, k_turns=k_turns)
 
 
 # --- rung 2: image stripping -----------------------------------------------------------
 
 
-def image_placeholder(part: Mapping[str, Any]) -> str:
-    return f"[image {part.get('blob')} {part.get('width')}x{part.get('height')} removed]"
+def image_placeholder(part: Mapping[str, Any], message_id: str = "", why: str = "removed") -> str:
+    """The text an image becomes; it names the blob and the message to recall it from."""
+    where = f"; message {message_id}" if message_id else ""
+    return f"[image {part.get('blob')} {part.get('width')}x{part.get('height')} {why}{where}]"
+
+
+def is_page(part: Mapping[str, Any]) -> bool:
+    """A snapshot page: the compacted text itself, never an image to strip."""
+    return part.get("type") == "image" and "snapshot_page" in part
+
+
+def _map_images(
+    parts: Sequence[Part], change: Callable[[Part], Part | None]
+) -> tuple[list[Part], bool]:
+    """``parts`` with each ordinary image (also inside tool results) passed through
+    ``change`` (None keeps it); snapshot pages are never touched."""
+    out: list[Part] = []
+    changed = False
+    for part in parts:
+        if part.get("type") == "image" and not is_page(part):
+            new = change(part)
+            out.append(part if new is None else new)
+            changed = changed or new is not None
+        elif part.get("type") == "tool_result":
+            inner, inner_changed = _map_images(part.get("parts") or (), change)
+            out.append({**part, "parts": inner} if inner_changed else part)
+            changed = changed or inner_changed
+        else:
+            out.append(part)
+    return out, changed
 
 
 def strip_images(
-    view: ContextView, *, k_turns: int = DEFAULT_K_TURNS
+    view: ContextView, *, k_turns: int = DEFAULT_K_TURNS, head_end: int = 0
 ) -> tuple[ContextView, RungReport]:
-    """Rung 2: replace images older than the last K turns with a placeholder."""
+    """Rung 2: replace images between the head and the last K turns with a placeholder.
+    Snapshot pages are not images of the conversation: they are never stripped."""
     recent = view.recent_start(k_turns)
     new_messages = list(view.messages)
     replaced: list[Replacement] = []
+    for i in range(head_end, recent):
+        message = view.messages[i]
 
-    def strip(parts: Sequence[Part], mid: str) -> tuple[list[Part], bool]:
-        out: list[Part] = []
-        changed = False
-        for part in parts:
-            if part.get("type") == "image":
-                text = image_placeholder(part)
-                out.append({"type": "text", "text": text})
-                replaced.append(Replacement(mid, "image", text))
-                changed = True
-            elif part.get("type") == "tool_result":
-                inner, inner_changed = strip(part.get("parts") or (), mid)
-                out.append({**part, "parts": inner} if inner_changed else part)
-                changed = changed or inner_changed
-            else:
-                out.append(part)
-        return out, changed
+        def strip(part: Part, mid: str = message["id"]) -> Part:
+            text = image_placeholder(part, mid)
+            replaced.append(Replacement(mid, "image", text))
+            return {"type": "text", "text": text}
 
-    for i, message in enumerate(view.messages[:recent]):
-        parts, changed = strip(message["parts"], message["id"])
+        parts, changed = _map_images(message["parts"], strip)
         if changed:
             new_messages[i] = {**message, "parts": parts}
     after = view.with_messages(new_messages)
     return after, _report("image_stripping", view, after, replaced, k_turns=k_turns)
+
+
+# --- rung 0: what the model can take at all --------------------------------------------------
+
+# Makes an image fit ``max_bytes`` (recompressed, downscaled): a new image part carrying its
+# bytes under ``data`` (stored as a Blob before sending, like page PNGs), or None.
+ShrinkFn = Callable[[Part, int], Part | None]
+
+
+def fit_images(
+    view: ContextView, *, shrink: ShrinkFn | None = None
+) -> tuple[ContextView, RungReport]:
+    """Rung 0, applied to every request however small: a model without vision gets no
+    image parts (each becomes a placeholder naming its blob and message), an image over
+    the provider's bytes-per-image limit is recompressed (or replaced when it cannot be),
+    and the oldest images go when the request has too many or is too many bytes. This
+    is not compaction; it is what makes the request one the provider accepts."""
+    limits = view.limits
+    replaced: list[Replacement] = []
+    messages = list(view.messages)
+
+    def apply(change_for: Callable[[str], Callable[[Part], Part | None]]) -> None:
+        for i, message in enumerate(messages):
+            parts, changed = _map_images(message["parts"], change_for(message["id"]))
+            if changed:
+                messages[i] = {**message, "parts": parts}
+
+    if not view.model.vision:
+
+        def blind(mid: str) -> Callable[[Part], Part]:
+            def change(part: Part) -> Part:
+                text = image_placeholder(part, mid, "not sent: the model cannot read images")
+                replaced.append(Replacement(mid, "image", text))
+                return {"type": "text", "text": text}
+
+            return change
+
+        apply(blind)
+    elif limits.max_image_bytes is not None:
+        cap = limits.max_image_bytes
+
+        def fit(mid: str) -> Callable[[Part], Part | None]:
+            def change(part: Part) -> Part | None:
+                size = image_bytes(part, view.blob_sizes)
+                if size is None or size <= cap:
+                    return None
+                smaller = shrink(part, cap) if shrink is not None else None
+                if smaller is not None:
+                    replaced.append(Replacement(mid, "image", f"recompressed {smaller['blob']}"))
+                    return smaller
+                text = image_placeholder(part, mid, f"not sent: {size} bytes, over {cap}")
+                replaced.append(Replacement(mid, "image", text))
+                return {"type": "text", "text": text}
+
+            return change
+
+        apply(fit)
+    # Too many images, or too many bytes: drop the oldest ordinary images first.
+    current = view.with_messages(messages)
+    while any(v.limit in ("images", "request_bytes") for v in current.violations):
+        index = next(
+            (i for i, m in enumerate(messages) if _map_images(m["parts"], lambda p: p)[1]),
+            None,
+        )
+        if index is None:
+            break
+        mid = messages[index]["id"]
+
+        def drop(part: Part, mid: str = mid) -> Part:
+            text = image_placeholder(part, mid, "removed: the request had too many images")
+            replaced.append(Replacement(mid, "image", text))
+            return {"type": "text", "text": text}
+
+        parts, _ = _map_images(messages[index]["parts"], drop)
+        messages[index] = {**messages[index], "parts": parts}
+        current = view.with_messages(messages)
+    if not replaced:
+        return view, _report("image_limits", view, view)
+    # The fitted messages are what every later rung starts from, and what head and tail
+    # repeat verbatim.
+    after = replace(current, source=current.messages)
+    return after, _report("image_limits", view, after, replaced)
 
 
 # --- head / middle / tail ----------------------------------------------------------------
@@ -667,6 +823,32 @@ def _as_elided(message_id: str, original: Part, now: Part) -> Part:
     return {**original, "parts": [{"type": "text", "text": placeholder}, *images]}
 
 
+# A user message longer than this (a pasted log) is left to the pages or the summary; the
+# user's own words below it are repeated verbatim next to them.
+USER_VERBATIM_MAX_TOKENS = 600
+
+
+def user_verbatim(view: ContextView, indices: Iterable[int]) -> list[Part]:
+    """The text of the user messages among ``indices``, verbatim from the originals, as
+    one text part: the task's constraints and the user's corrections survive every rung
+    word for word (pages are drawn, summaries are written; neither is the user's text)."""
+    blocks: list[str] = []
+    for i in indices:
+        if view.messages[i]["role"] != "user":
+            continue
+        mid = view.messages[i]["id"]
+        original = view.source_by_id.get(mid, view.messages[i])
+        text = "\n".join(
+            p.get("text") or "" for p in original["parts"] if p.get("type") == "text"
+        ).strip()
+        if text and text_tokens(text) <= USER_VERBATIM_MAX_TOKENS:
+            blocks.append(f"[user {mid}]\n{text}")
+    if not blocks:
+        return []
+    intro = "[the user's own messages in the part above, verbatim]"
+    return [{"type": "text", "text": "\n\n".join([intro, *blocks])}]
+
+
 # --- rung 3: snapshot ---------------------------------------------------------------------
 
 SNAPSHOT_ID_PREFIX = "snapshot:"
@@ -730,7 +912,9 @@ def snapshot(
     """Rung 3: the middle of the view as rendered pages of its original text."""
     if not view.model.vision:
         return view, _report("snapshot", view, view, skipped="the model cannot read images")
-    split = split_view(view, head_budget=head_budget, tail_budget=tail_budget)
+    # Head and tail are sized and sent as the originals, byte for byte: the rungs only
+    # ever change the middle.
+    split = split_view(view.reset(), head_budget=head_budget, tail_budget=tail_budget)
     if not split.middle:
         return view, _report("snapshot", view, view, skipped="no middle to snapshot")
     covered = [view.messages[i]["id"] for i in split.middle]
@@ -751,14 +935,14 @@ def snapshot(
     message: Message = {
         "id": f"{SNAPSHOT_ID_PREFIX}{covered[0]}..{covered[-1]}",
         "role": "user",
-        "parts": [{"type": "text", "text": intro}] + [page_part(p, n) for n, p in enumerate(pages)],
+        "parts": [
+            {"type": "text", "text": intro},
+            *(page_part(p, n) for n, p in enumerate(pages)),
+            *user_verbatim(view, split.middle),
+        ],
         "metadata": {"compaction": {"rung": "snapshot", "covers": covered}},
     }
-    messages = [
-        *view.messages[: split.head_end],
-        message,
-        *view.messages[split.tail_start :],
-    ]
+    messages = [*view.source[: split.head_end], message, *view.source[split.tail_start :]]
     after = view.with_messages(messages)
     if after.estimate() >= view.estimate():
         return view, _report("snapshot", view, view, skipped="pages would cost more than the text")
@@ -917,20 +1101,24 @@ def summarize_middle(
     if tail_budget is None:
         tail_budget = int(view.budget_tokens * TAIL_SHARE)
     # Leave room for the summary itself: the tail gets what head and summary leave.
-    head = split_view(view, head_budget=head_budget, tail_budget=0).head_end
+    original = view.reset()
+    head = split_view(original, head_budget=head_budget, tail_budget=0).head_end
+    # The user's own words in the middle stay verbatim beside the summary.
+    verbatim = user_verbatim(view, range(head, len(view.messages)))
     room = (
         view.budget_tokens
         - view.calibration.apply(
-            request_tokens(
-                view.messages[:head], rule=view.rule, system=view.system, tools=view.tools
-            )
+            request_tokens(view.source[:head], rule=view.rule, system=view.system, tools=view.tools)
+            + sum(part_tokens(p, rule=view.rule) for p in verbatim)
             + summarizer.output_tokens
             + MESSAGE_OVERHEAD
             + REQUEST_OVERHEAD
         )
         - 64
     )
-    split = split_view(view, head_budget=head_budget, tail_budget=max(0, min(tail_budget, room)))
+    split = split_view(
+        original, head_budget=head_budget, tail_budget=max(0, min(tail_budget, room))
+    )
     if not split.middle:
         return view, _report("summary", view, view, skipped="no middle to summarise")
     covered = [view.messages[i]["id"] for i in split.middle]
@@ -942,10 +1130,13 @@ def summarize_middle(
     message: Message = {
         "id": f"{SUMMARY_ID_PREFIX}{covered[0]}..{covered[-1]}",
         "role": "user",
-        "parts": [{"type": "text", "text": f"{intro}\n\n{text}"}],
+        "parts": [
+            {"type": "text", "text": f"{intro}\n\n{text}"},
+            *user_verbatim(view, split.middle),
+        ],
         "metadata": {"compaction": {"rung": "summary", "covers": covered}},
     }
-    messages = [*view.messages[: split.head_end], message, *view.messages[split.tail_start :]]
+    messages = [*view.source[: split.head_end], message, *view.source[split.tail_start :]]
     after = view.with_messages(messages)
     return after, _report(
         "summary",
@@ -953,6 +1144,7 @@ def summarize_middle(
         after,
         (Replacement(mid, "message", message["id"]) for mid in covered),
         model_calls=len(summarizer.requests),
+        summary=text,
         request_tokens=list(summarizer.requests),
         request_capacity=summarizer.capacity,
         head_end=split.head_end,
@@ -974,22 +1166,29 @@ def run_ladder(
     *,
     render: RenderFn | None = None,
     summarize: SummarizeFn | None = None,
+    shrink: ShrinkFn | None = None,
     k_turns: int = DEFAULT_K_TURNS,
     tail_budget: int | None = None,
     head_budget: int | None = None,
 ) -> LadderResult:
-    """Apply the rungs in order from the original messages and stop at the first view
-    that fits the budget (tokens and non-token limits). The snapshot is retried with a
-    smaller tail (pages are cheaper than text) before falling back to a summary; the
-    summary runs only when the free rungs are not enough or the model cannot read images
-    (or no renderer was given)."""
-    view = view.reset()
-    if view.fits():
-        return LadderResult(view, (), True)
-    reports: list[RungReport] = []
-    current = view
+    """What the model sees for ``view``'s originals at ``view``'s budget.
+
+    Always starts from the originals (``view.source``), never from a compacted view.
+    First the images are fitted to the model (rung 0: none for a model without vision,
+    none over the provider's byte limits); then the rungs run in order on the middle
+    only (the head, the system prompt and first turn, and the tail stay verbatim) and
+    the first view that fits the budget (tokens and non-token limits) is the answer.
+    The snapshot is retried with a smaller tail (pages are cheaper than text) before
+    falling back to a summary; the summary runs only when the free rungs are not enough
+    or the model cannot read images (or no renderer was given)."""
+    base, fitted = fit_images(view.reset(), shrink=shrink)
+    reports: list[RungReport] = [fitted] if fitted.applied else []
+    if base.fits():
+        return LadderResult(base, tuple(reports), True)
+    head_end = split_view(base, head_budget=head_budget, tail_budget=0).head_end
+    current = base
     for rung in (elide, strip_images):
-        current, report = rung(current, k_turns=k_turns)
+        current, report = rung(current, k_turns=k_turns, head_end=head_end)
         if report.applied:
             reports.append(report)
         if current.fits():
@@ -1001,7 +1200,7 @@ def run_ladder(
         tail = int(view.budget_tokens * TAIL_SHARE) if tail_budget is None else tail_budget
         seen: set[int] = set()
         for attempt in (tail, tail // 2, tail // 4, 0):
-            split = split_view(free, head_budget=head_budget, tail_budget=attempt)
+            split = split_view(base, head_budget=head_budget, tail_budget=attempt)
             if split.tail_start in seen:
                 continue
             seen.add(split.tail_start)
@@ -1034,12 +1233,16 @@ def reactive(
     limit: int | None,
     render: RenderFn | None = None,
     summarize: SummarizeFn | None = None,
+    shrink: ShrinkFn | None = None,
     k_turns: int = DEFAULT_K_TURNS,
     tail_budget: int | None = None,
     head_budget: int | None = None,
 ) -> LadderResult:
-    """Compaction after a provider rejected ``view`` (the request it was sent) with a
-    ContextOverflow(measured_tokens, limit).
+    """Compaction after a provider rejected ``view`` with a
+    ContextOverflow(measured_tokens, limit). ``view.messages`` is the request that was
+    sent (maybe already compacted), ``view.source`` the originals it was built from:
+    the ladder runs again from the originals, never from the rejected view (a snapshot
+    page fed back in would be stripped as an image, and the middle lost).
 
     The calibration learns measured / raw estimate of the rejected request, and the
     ladder compacts to ``limit - max_output - margin`` (or the view's own budget when
@@ -1059,6 +1262,7 @@ def reactive(
         retry,
         render=render,
         summarize=summarize,
+        shrink=shrink,
         k_turns=k_turns,
         tail_budget=tail_budget,
         head_budget=head_budget,
@@ -1076,7 +1280,7 @@ def reactive(
 # --- what a view spends its budget on -------------------------------------------------------
 
 # The rungs' names, as their reports (and records) give them, cheapest first.
-RUNGS = ("elision", "image_stripping", "snapshot", "summary")
+RUNGS = ("image_limits", "elision", "image_stripping", "snapshot", "summary")
 # The sections of a request, in the order they are sent.
 SECTIONS = ("head", "summary", "pages", "tail", "images")
 

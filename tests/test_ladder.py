@@ -29,6 +29,7 @@ from compaction.ladder import (
     detach_pages,
     distinctive_tokens,
     elide,
+    fit_images,
     page_parts,
     reactive,
     run_ladder,
@@ -254,12 +255,12 @@ class TestElision:
         _, report = elide(view_of(messages), k_turns=1)
         assert "t0" in {r.message_id for r in report.replaced}
 
-    def test_it_elides_when_a_revealed_name_comes_up_only_many_turns_later(self):
+    def test_it_keeps_a_result_whose_revealed_name_comes_up_many_turns_later(self):
         messages = conversation(8)
         messages[3] = tool("t0", "c0", FILLER + "\nsee src/core/session_store.py")
         messages[-1] = asst("r7", "Now session_store.py again.")
         _, report = elide(view_of(messages), k_turns=1)
-        assert "t0" in {r.message_id for r in report.replaced}
+        assert "t0" not in {r.message_id for r in report.replaced}
 
     def test_it_leaves_results_shorter_than_their_placeholder(self):
         messages = conversation(4, body="No files found")
@@ -296,10 +297,11 @@ class TestImageStripping:
         after, report = strip_images(view_of(messages), k_turns=1)
         assert after.messages[1]["parts"][1] == {
             "type": "text",
-            "text": f"[image {SHA1} 1280x720 removed]",
+            "text": f"[image {SHA1} 1280x720 removed; message u0]",
         }
         assert (
-            after.messages[3]["parts"][0]["parts"][1]["text"] == f"[image {SHA2} 640x480 removed]"
+            after.messages[3]["parts"][0]["parts"][1]["text"]
+            == f"[image {SHA2} 640x480 removed; message t0]"
         )
         assert after.messages[-4]["parts"][1] == image(SHA2)  # in the last turn: kept
         assert [(r.message_id, r.kind) for r in report.replaced] == [
@@ -365,7 +367,12 @@ class TestSnapshot:
         intro = snap["parts"][0]["text"]
         assert covered[0] in intro and covered[-1] in intro
         pages = page_parts(after)
-        assert pages and pages == snap["parts"][1:]
+        assert pages and pages == snap["parts"][1:-1]
+        # The user's own words of the middle follow the pages, verbatim.
+        verbatim = snap["parts"][-1]["text"]
+        for m in messages[5:-8]:
+            if m["role"] == "user":
+                assert f"[user {m['id']}]\n{m['parts'][0]['text']}" in verbatim
         for index, page in enumerate(pages):
             assert page["type"] == "image" and page["mime"] == "image/png"
             assert re.fullmatch(r"[0-9a-f]{64}", page["blob"])
@@ -601,6 +608,163 @@ class TestReactive:
         assert refused.value.result is not None and not refused.value.result.fits
 
 
+# --- the promises the ladder keeps (issue: reactive, head/tail, references, images) -----
+
+
+def _turn_with_shot(n: int) -> list[Msg]:
+    """A turn whose tool result carries a screenshot (so image stripping has work)."""
+    return [
+        user(f"u{n}", f"Step {n}: look at the screen."),
+        asst(f"a{n}", "Looking.", (f"c{n}", "screenshot", {})),
+        tool(f"t{n}", f"c{n}", FILLER, image(hashlib.sha256(str(n).encode()).hexdigest())),
+        asst(f"r{n}", f"Seen step {n}. {FILLER[:1500]}"),
+    ]
+
+
+class TestPromises:
+    def test_recovery_from_a_snapshot_view_starts_from_the_originals(self):
+        # The request that overflowed was built from a snapshot record: its pages are
+        # images. Recovery must not strip them (that would drop the whole middle).
+        model = ModelInfo(context_window=24_000, max_output=1_024, vision=True)
+        messages = [sys_("s0")] + [m for n in range(16) for m in _turn_with_shot(n)]
+        view = view_of(messages, budget=9_000, model=model)
+        first = run_ladder(view, render=DensityRenderer())
+        assert "snapshot" in first.rungs and first.fits
+        sent = first.view  # messages: the compacted request; source: the originals
+        assert page_parts(sent)
+        result = reactive(
+            sent,
+            measured_tokens=int(sent.raw_tokens * 1.6),
+            limit=16_000,
+            render=DensityRenderer(),
+        )
+        assert result.fits
+        pages = page_parts(result.view)
+        assert pages, result.rungs
+        sent_text = repr(result.view.messages)
+        for page in page_parts(sent):
+            assert f"[image {page['blob']}" not in sent_text
+        covered = {
+            mid
+            for m in result.view.messages
+            for mid in m.get("metadata", {}).get("compaction", {}).get("covers", ())
+        }
+        kept = {m["id"] for m in result.view.messages}
+        assert {m["id"] for m in messages} <= covered | kept  # nothing lost
+
+    def test_image_stripping_never_strips_a_snapshot_page(self):
+        view = view_of(conversation(12), budget=3_000)
+        snap, _ = snapshot(view, render=DensityRenderer(), tail_budget=budget_tail(view, 1))
+        pages = page_parts(snap)
+        stripped, report = strip_images(snap, k_turns=0)
+        assert page_parts(stripped) == pages and not report.replaced
+
+    def test_head_and_tail_are_byte_verbatim_after_every_rung(self):
+        # The first turn fetches the task's own material: a file read and a screenshot.
+        messages = [sys_("s0"), *_turn_with_shot(0)] + [
+            m for n in range(1, 14) for m in agent_turn(n, reply=FILLER[:1500])
+        ]
+        view = view_of(messages, budget=8_000)
+        result = run_ladder(view, render=DensityRenderer())
+        assert "snapshot" in result.rungs and result.fits
+        out = result.view.messages
+        snap_at = next(i for i, m in enumerate(out) if m["id"].startswith("snapshot:"))
+        by_id = {m["id"]: m for m in messages}
+        for message in [*out[:snap_at], *out[snap_at + 1 :]]:
+            assert message["parts"] == by_id[message["id"]]["parts"], message["id"]
+        assert [m["id"] for m in out[:snap_at]] == ["s0", "u0", "a0", "t0", "r0"]
+
+    def test_the_free_rungs_leave_the_head_alone(self):
+        messages = [sys_("s0"), *_turn_with_shot(0)] + [
+            m for n in range(1, 10) for m in _turn_with_shot(n)
+        ]
+        view = view_of(messages)
+        head_end = split_view(view, tail_budget=0).head_end
+        after, report = elide(view, k_turns=1, head_end=head_end)
+        after, report2 = strip_images(after, k_turns=1, head_end=head_end)
+        assert after.messages[:head_end] == view.messages[:head_end]
+        touched = {r.message_id for r in (*report.replaced, *report2.replaced)}
+        assert "t0" not in touched and {"t1", "t2"} <= touched
+
+    def test_a_path_revealed_and_then_used_by_a_later_tool_call_is_kept(self):
+        messages = conversation(10)
+        messages[3] = tool("t0", "c0", FILLER + "\nsrc/core/session_store.py\nsrc/x/y.py")
+        # Much later, a tool call (not narration) reads the path the listing revealed.
+        messages[-3] = asst("a9", "Reading.", ("c9", "read", {"path": "src/core/session_store.py"}))
+        _, report = elide(view_of(messages), k_turns=1)
+        elided = {r.message_id for r in report.replaced}
+        assert "t0" not in elided and "t1" in elided
+
+    def test_a_line_number_quoted_later_keeps_the_read_it_came_from(self):
+        messages = conversation(10)
+        body = "\n".join(f"{n}: const x{n} = {n};" for n in range(160, 190))
+        messages[3] = tool("t0", "c0", body + "\n" + FILLER)
+        messages[8] = asst("r1", "The bug is on line 175-176 of that file.")
+        _, report = elide(view_of(messages), k_turns=1)
+        assert "t0" not in {r.message_id for r in report.replaced}
+
+    def test_a_name_known_before_the_result_does_not_pin_it(self):
+        # The user named the file first; a result that merely lists it again reveals
+        # nothing, so a later mention does not keep the result.
+        messages = conversation(10)
+        messages[1] = user("u0", "Please look at src/core/session_store.py")
+        messages[3] = tool("t0", "c0", FILLER + "\nsrc/core/session_store.py")
+        messages[-1] = asst("r9", "Done with src/core/session_store.py.")
+        _, report = elide(view_of(messages), k_turns=1)
+        assert "t0" in {r.message_id for r in report.replaced}
+
+    def test_a_model_without_vision_never_gets_an_image_even_when_it_fits(self):
+        blind = ModelInfo(context_window=200_000, max_output=8_000, vision=False)
+        messages = [sys_("s0"), user("u0", "What is this?", image(SHA1, 640, 480))]
+        result = run_ladder(view_of(messages, model=blind))
+        assert result.fits
+        parts = result.view.messages[1]["parts"]
+        assert [p["type"] for p in parts] == ["text", "text"]
+        assert SHA1 in parts[1]["text"] and "message u0" in parts[1]["text"]
+        assert result.rungs == ["image_limits"]
+
+    def test_an_image_over_the_byte_limit_is_recompressed_or_replaced(self):
+        messages = [sys_("s0"), user("u0", "Look", image(SHA1, 4000, 3000))]
+        sizes = {SHA1: 5_900_000}
+        view = view_of(messages, blob_sizes=sizes)
+        assert not view.fits()  # 5.9 MB: over Anthropic's 5 MB an image
+
+        def shrink(part, cap):
+            assert cap == 5 * 1024 * 1024
+            return {**part, "blob": SHA2, "width": 2000, "height": 1500, "data": b"x" * 1000}
+
+        shrunk = run_ladder(view, shrink=shrink)
+        assert shrunk.fits and shrunk.view.messages[1]["parts"][1]["blob"] == SHA2
+        without = run_ladder(view)
+        assert without.fits
+        assert "over 5242880" in without.view.messages[1]["parts"][1]["text"]
+
+    def test_too_many_images_drop_the_oldest_first(self):
+        messages = [sys_("s0")] + [
+            user(f"u{n}", f"shot {n}", image(hashlib.sha256(bytes([n])).hexdigest(), 64, 64))
+            for n in range(5)
+        ]
+        view = view_of(messages, limits=Limits(max_images=3))
+        after, report = fit_images(view)
+        assert after.fits()
+        kinds = [[p["type"] for p in m["parts"]] for m in after.messages[1:]]
+        assert kinds == [["text", "text"]] * 2 + [["text", "image"]] * 3
+        assert [r.message_id for r in report.replaced] == ["u0", "u1"]
+
+    def test_a_summary_keeps_the_users_words_verbatim_and_reports_its_text(self):
+        blind = ModelInfo(context_window=200_000, max_output=8_000, vision=False)
+        messages = conversation(12)
+        messages[9] = user("u2", "Constraint: never touch the vendored/ directory.")
+        view = view_of(messages, budget=2_000, model=blind)
+        result = run_ladder(view, summarize=recording_summarizer("what happened"))
+        [summary] = [m for m in result.view.messages if m["id"].startswith("summary:")]
+        texts = [p["text"] for p in summary["parts"]]
+        assert "what happened" in texts[0]
+        assert "[user u2]\nConstraint: never touch the vendored/ directory." in texts[1]
+        report = next(r for r in result.reports if r.rung == "summary")
+        assert report.details["summary"] == "what happened"
+
+
 # --- the real samples -------------------------------------------------------------------------
 
 
@@ -609,6 +773,8 @@ LARGE = [name for name, s in SAMPLES.items() if len(s.messages) > 100]
 
 
 def renderers() -> Iterator[Any]:
+    # The stand-in packs fewer characters a page than the real renderer (6x13 px cells,
+    # 1092 px pages): it is given a budget of 35% where the real one must reach 25%.
     yield pytest.param(DensityRenderer, id="density-fake")
     if importlib.util.find_spec("compaction.render") is not None:
         module = importlib.import_module("compaction.render")
@@ -637,12 +803,14 @@ def test_the_large_samples_are_there():
 def test_free_rungs_cut_three_quarters_of_a_real_session(name, make_render):
     sample = SAMPLES[name]
     original = copy.deepcopy(sample.messages)
-    view = sample_view(sample, 0.25)
     render = make_render()
+    share = 0.35 if isinstance(render, DensityRenderer) else 0.25
+    view = sample_view(sample, share)
     result = run_ladder(view, render=render, summarize=refusing_summarizer)
     assert result.fits, [(r.rung, r.tokens_after) for r in result.reports]
     assert result.model_calls == 0
-    assert result.view.estimate() <= 0.25 * view.reset().estimate()
+    full = sample_view(sample, 1.0).estimate()
+    assert result.view.estimate() <= share * full
     assert set(result.rungs) <= {"elision", "image_stripping", "snapshot"}
     assert sample.messages == original  # invariant 8
     assert_pairs_valid(result.view.messages)
@@ -664,7 +832,7 @@ def test_free_rungs_cut_three_quarters_of_a_real_session(name, make_render):
 @pytest.mark.parametrize("name", LARGE)
 def test_narration_survives_the_free_rungs_on_a_real_session(name):
     sample = SAMPLES[name]
-    view = sample_view(sample, 0.25)
+    view = sample_view(sample, 0.35)
     render = DensityRenderer()
     result = run_ladder(view, render=render, summarize=refusing_summarizer)
     rendered = "\n".join(s.text for call in render.calls[-1:] for s in call)
