@@ -12,8 +12,8 @@ from compaction import services
 from conversations import selectors
 from conversations.errors import InvalidInput, NotFound
 from conversations.models import Message
-from conversations.providers import resolve_model, to_anthropic, to_openai
-from conversations.turns import load_blob
+from conversations.providers import Request, request_body, resolve_model
+from conversations.tools import tools_for
 
 router = Router(tags=["compaction"])
 
@@ -27,10 +27,27 @@ class ContextQuery(Schema):
 
 @router.get("/conversations/{cid}/context")
 def get_context(request: HttpRequest, cid: str, query: Query[ContextQuery]) -> Any:
-    """The request Arbor would send for the path to ``tip`` (default: the current tip)
-    after the compaction ladder, in the provider's own format (images inline as
-    base64), with a report naming each rung applied. ``budget`` defaults to the model's
-    threshold, using any smaller window the provider reported in an overflow error."""
+    """The request Arbor would send next for the path to ``tip`` (default: the current
+    tip), after the compaction ladder, in the provider's own format and ready to send
+    (``max_tokens``, the tool definitions, images inline as base64), with a report
+    naming each rung applied. ``budget`` defaults to the model's threshold, using any
+    smaller window the provider reported in an overflow error.
+
+    A GET only reads: it writes no record and calls no model. A snapshot the next
+    request would need is drawn in memory; when only a summary would fit, the answer
+    says ``needs_summary`` (POST the same URL to compact)."""
+    return _context(request, cid, query, compact=False)
+
+
+@router.post("/conversations/{cid}/context")
+def compact_context(request: HttpRequest, cid: str, query: Query[ContextQuery]) -> Any:
+    """Compact now: like the GET, but the ladder's result is kept as a compaction record
+    (pages in the blob store) that the next requests reuse, and a summary is made when
+    the free rungs are not enough (``summary=false`` forbids it)."""
+    return _context(request, cid, query, compact=True)
+
+
+def _context(request: HttpRequest, cid: str, query: ContextQuery, *, compact: bool) -> Any:
     user = request.auth  # type: ignore[attr-defined]
     conversation = selectors.conversation_get(user=user, conversation_id=cid)
     try:
@@ -45,25 +62,21 @@ def get_context(request: HttpRequest, cid: str, query: Query[ContextQuery]) -> A
             raise NotFound(f"no such message: {query.tip!r}") from None
         if not Message.objects.filter(pk=tip_id, conversation=conversation).exists():
             raise NotFound(f"no such message in this conversation: {tip_id}")
+    tools = tools_for(conversation)
     context = services.context_build(
         conversation=conversation,
         spec=spec,
         tip_id=tip_id,
+        tools=tools,
         budget=query.budget,
         allow_summary=query.summary,
+        compact=compact,
     )
-    if spec.provider == "anthropic":
-        payload = to_anthropic(
-            context.messages, system=conversation.system_prompt, load_blob=load_blob
-        )
-        provider_request: dict[str, Any] = {
-            "model": spec.model,
-            "system": payload.system,
-            "messages": payload.messages,
-        }
-    else:
-        openai = to_openai(context.messages, system=conversation.system_prompt, load_blob=load_blob)
-        provider_request = {"model": spec.model, "messages": openai.messages}
+    body = request_body(
+        spec,
+        Request(messages=context.messages, system=conversation.system_prompt, tools=tools),
+        load_blob=context.load_blob,
+    )
     record = context.record
     return {
         "model": spec.id,
@@ -73,11 +86,12 @@ def get_context(request: HttpRequest, cid: str, query: Query[ContextQuery]) -> A
         "budget": context.budget,
         "estimate": context.estimate,
         "fits": context.fits,
+        "needs_summary": context.needs_summary,
         "record": str(record.pk) if record else None,
         "record_status": record.status if record else None,
         "reused": context.reused,
-        "rungs": record.rungs if record and not context.reused else [],
+        "rungs": context.reports if not context.reused else [],
         "trimmed": context.resume.trimmed,
         "repaired": context.resume.repaired,
-        "request": provider_request,
+        "request": body,
     }

@@ -142,7 +142,7 @@ def part_tokens(part: Part, *, rule: str) -> int:
         # unsigned reasoning never reaches the prompt.
         return text_tokens(part.get("text") or "") if part.get("signature") else 0
     # An unknown part shape is counted as its JSON: over-counting is the safe side.
-    return text_tokens(wire_json({k: v for k, v in part.items() if k != "png"}))
+    return text_tokens(wire_json({k: v for k, v in part.items() if k not in ("png", "data")}))
 
 
 def attr(message: Any, name: str, default: Any = None) -> Any:
@@ -309,9 +309,10 @@ def _images(parts: Iterable[Part]) -> Iterable[Part]:
 def image_bytes(part: Part, blob_sizes: Mapping[str, int]) -> int | None:
     """Bytes of an image part, when known: a snapshot page carries its PNG, a stored
     blob's size comes from ``blob_sizes``."""
-    png = part.get("png")
-    if isinstance(png, bytes | bytearray):
-        return len(png)
+    for key in ("png", "data"):  # inline bytes: a snapshot page, a recompressed image
+        inline = part.get(key)
+        if isinstance(inline, bytes | bytearray):
+            return len(inline)
     size = part.get("size")
     if isinstance(size, int):
         return size

@@ -881,23 +881,38 @@ def page_parts(view: ContextView) -> list[Part]:
     return [p for m in view.messages for p in m["parts"] if "snapshot_page" in p]
 
 
+# Where an image part carries bytes not yet in the blob store: ``png`` for a snapshot
+# page, ``data`` for an image rung 0 recompressed.
+INLINE_KEYS = ("png", "data")
+
+
 def detach_pages(view: ContextView) -> tuple[ContextView, dict[str, bytes]]:
-    """The view with the PNG bytes taken out of its page parts, and those bytes by
-    sha256: what the Django layer stores as Blobs before the view goes to a provider
-    (which loads images by blob) or out as JSON."""
+    """The view with the inline bytes taken out of its image parts (snapshot pages and
+    recompressed images), and those bytes by sha256: what the Django layer stores as
+    Blobs before the view goes to a provider (which loads images by blob) or out as
+    JSON."""
     pngs: dict[str, bytes] = {}
+
+    def detach(parts: Sequence[Part]) -> tuple[list[Part], bool]:
+        out: list[Part] = []
+        changed = False
+        for part in parts:
+            key = next((k for k in INLINE_KEYS if k in part), None)
+            if key is not None:
+                pngs[part["blob"]] = part[key]
+                part = {k: v for k, v in part.items() if k != key}
+                changed = True
+            elif part.get("type") == "tool_result":
+                inner, inner_changed = detach(part.get("parts") or ())
+                if inner_changed:
+                    part, changed = {**part, "parts": inner}, True
+            out.append(part)
+        return out, changed
+
     messages: list[Message] = []
     for message in view.messages:
-        if not any("png" in p for p in message["parts"]):
-            messages.append(message)
-            continue
-        parts: list[Part] = []
-        for part in message["parts"]:
-            if "png" in part:
-                pngs[part["blob"]] = part["png"]
-                part = {k: v for k, v in part.items() if k != "png"}
-            parts.append(part)
-        messages.append({**message, "parts": parts})
+        parts, changed = detach(message["parts"])
+        messages.append({**message, "parts": parts} if changed else message)
     return view.with_messages(messages), pngs
 
 

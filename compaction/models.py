@@ -70,6 +70,10 @@ class CompactionRecord(models.Model):
     def __str__(self) -> str:
         return f"compaction {self.id} ({self.status})"
 
+    @property
+    def rung_names(self) -> list[str]:
+        return [str(r.get("rung")) for r in self.rungs]
+
 
 class SnapshotPage(models.Model):
     record = models.ForeignKey(CompactionRecord, on_delete=models.CASCADE, related_name="pages")

@@ -19,6 +19,7 @@ from conversations.errors import NotFound
 from conversations.models import Blob, Conversation
 from conversations.parts import image_blobs
 from conversations.providers import ModelSpec, resolve_model
+from conversations.tools import tools_for
 
 # --- the audit -----------------------------------------------------------------------
 
@@ -231,7 +232,14 @@ def context_panel(*, conversation: Conversation) -> ContextPanel:
         panel.error = str(exc)
         return panel
     panel.context = services.context_build(
-        conversation=conversation, spec=panel.spec, tip_id=conversation.tip_id, compact=False
+        conversation=conversation,
+        spec=panel.spec,
+        tip_id=conversation.tip_id,
+        tools=tools_for(conversation),
+        compact=False,
+        # The panel is drawn on every visit: it shows whether the next request needs a
+        # new compaction ("Compact now"), not a preview of its pages.
+        preview_pages=False,
     )
     panel.gauge = gauge_of(panel.context, panel.spec)
     return panel

@@ -21,7 +21,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from compaction.estimate import Calibration
+from compaction.estimate import Calibration, Limits, as_message
 from compaction.ladder import (
     CompactionError,
     ContextView,
@@ -29,6 +29,7 @@ from compaction.ladder import (
     ModelInfo,
     RungReport,
     detach_pages,
+    fit_images,
     reactive,
     run_ladder,
 )
@@ -42,9 +43,11 @@ from compaction.models import (
     Trigger,
 )
 from conversations import services as tree_services
-from conversations.models import Conversation, Message
-from conversations.providers import ModelSpec, Request, make_provider
+from conversations.errors import ArborError
+from conversations.models import Blob, Conversation, Message
+from conversations.providers import ContextOverflow, ModelSpec, Request, make_provider
 from conversations.resume import ResumeReport
+from conversations.tools import tools_for
 
 # Compact when the next request's estimate crosses this share of the room for input.
 THRESHOLD = 0.8
@@ -190,7 +193,15 @@ class Summarizer:
         return reply.text
 
 
-# --- building a context --------------------------------------------------------------
+# --- building a context: the one entry point --------------------------------------
+
+
+class InputTooLarge(ArborError):
+    """The new input alone (with the system prompt and tools) is over the budget: no
+    compaction of the history can make room for it, so no model call is spent."""
+
+    status = 413
+    code = "context_overflow"
 
 
 @dataclass
@@ -203,8 +214,23 @@ class ContextResult:
     record: CompactionRecord | None = None
     reused: bool = False
     resume: ResumeReport = field(default_factory=ResumeReport)
-    # The view the estimate was taken of (calibration, system prompt and all).
+    # The view the estimate was taken of (calibration, system prompt, tools and all);
+    # its ``source`` holds the originals, which overflow recovery starts from again.
     view: ContextView | None = None
+    # A read-only build needs a summary to fit (and was not allowed to make one).
+    needs_summary: bool = False
+    # Image bytes not in the blob store (pages and recompressed images of a read-only
+    # build), by sha256: ``load_blob`` serves them before the store.
+    inline: dict[str, bytes] = field(default_factory=dict)
+
+    def load_blob(self, sha256: str) -> bytes:
+        if sha256 in self.inline:
+            return self.inline[sha256]
+        return tree_services.blob_read(sha256)
+
+    @property
+    def rungs(self) -> list[str]:
+        return [r["rung"] for r in self.reports]
 
 
 def report_dict(report: RungReport) -> dict[str, Any]:
@@ -218,24 +244,110 @@ def report_dict(report: RungReport) -> dict[str, Any]:
             {"message": r.message_id, "kind": r.kind, "with": r.replaced_with}
             for r in report.replaced
         ],
-        "details": dict(report.details),
+        "details": {k: v for k, v in report.details.items() if k != "summary"},
+    }
+
+
+def _covers(messages: Sequence[dict[str, Any]]) -> set[str]:
+    return {
+        str(mid)
+        for m in messages
+        for mid in (m.get("metadata") or {}).get("compaction", {}).get("covers", ())
     }
 
 
 def _reusable_record(
-    conversation: Conversation, spec: ModelSpec, path_ids: Sequence[str]
+    conversation: Conversation, spec: ModelSpec, path_ids: Sequence[str], budget: int
 ) -> CompactionRecord | None:
-    """The newest ready record whose anchor lies on this path (so its view stands for
-    the path up to the anchor); a branch that leaves the path above it does not match."""
-    on_path = set(path_ids)
+    """The newest ready record that is what the ladder would answer for this path at
+    this budget: its anchor lies on the path, everything it covers is on the path up to
+    the anchor (a record that covered a turn still in memory is not), and it was made
+    for a budget at least as large as this one (a record made to squeeze into a smaller
+    budget compacted more than this request needs)."""
+    position = {mid: i for i, mid in enumerate(path_ids)}
     # Anchors first (a record's view can be large), then the one record that matches.
     anchors = CompactionRecord.objects.filter(
-        conversation=conversation, model=spec.id, status=RecordStatus.READY
+        conversation=conversation,
+        model=spec.id,
+        status=RecordStatus.READY,
+        budget_tokens__gte=budget,
     ).order_by("-created_at", "-pk")
     for pk, anchor_id in anchors.values_list("pk", "anchor_id"):
-        if str(anchor_id) in on_path:
-            return CompactionRecord.objects.get(pk=pk)
+        at = position.get(str(anchor_id))
+        if at is None:
+            continue
+        record = CompactionRecord.objects.get(pk=pk)
+        if all(position.get(mid, at + 1) <= at for mid in _covers(record.view)):
+            return record
     return None
+
+
+def _limits(spec: ModelSpec) -> Limits:
+    from compaction.render import REQUEST_LIMITS
+
+    limits = REQUEST_LIMITS.get(spec.image_billing)
+    if limits is None:
+        return Limits()
+    return Limits(
+        max_images=limits.max_images,
+        max_image_bytes=limits.max_image_bytes,
+        max_request_bytes=limits.max_request_bytes,
+    )
+
+
+def _blob_sizes(messages: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """Bytes of every stored image on the path (one query), for the per-image and
+    per-request byte limits."""
+    shas: set[str] = set()
+
+    def collect(parts: Sequence[dict[str, Any]]) -> None:
+        for part in parts:
+            if part.get("type") == "image" and part.get("blob"):
+                shas.add(str(part["blob"]))
+            elif part.get("type") == "tool_result":
+                collect(part.get("parts") or ())
+
+    for message in messages:
+        collect(message["parts"])
+    if not shas:
+        return {}
+    return dict(Blob.objects.filter(pk__in=shas).values_list("sha256", "size"))
+
+
+def tool_dicts(tools: Sequence[Any]) -> tuple[dict[str, Any], ...]:
+    """Tool definitions as the estimator counts them (what the provider is sent)."""
+    out = []
+    for tool in tools:
+        if isinstance(tool, dict):
+            out.append(tool)
+        else:
+            out.append(
+                {
+                    "name": tool.name,
+                    "description": tool.description,
+                    "parameters": dict(tool.parameters),
+                }
+            )
+    return tuple(out)
+
+
+def _originals(
+    conversation: Conversation,
+    tip_id: uuid.UUID | None,
+    pending: Sequence[dict[str, Any]],
+    *,
+    drop_checkpoints: bool,
+) -> tuple[list[dict[str, Any]], ResumeReport]:
+    """The archived path to ``tip_id`` (trimmed to a valid boundary) followed by the
+    turn still in memory, its messages named ``pending:<n>``."""
+    messages, resume = tree_services.transcript_for_model(
+        conversation=conversation, tip_id=tip_id, drop_checkpoints=drop_checkpoints
+    )
+    messages += [
+        {"id": f"{PENDING}{i}", "role": m["role"], "parts": m["parts"], "metadata": {}}
+        for i, m in enumerate(pending)
+    ]
+    return messages, resume
 
 
 def context_build(
@@ -243,57 +355,76 @@ def context_build(
     conversation: Conversation,
     spec: ModelSpec,
     tip_id: uuid.UUID | None,
+    pending: Sequence[dict[str, Any]] = (),
+    tools: Sequence[Any] = (),
     budget: int | None = None,
     trigger: str = Trigger.MANUAL,
     allow_summary: bool = True,
-    measure_ocr: bool = False,
     compact: bool = True,
+    preview_pages: bool = True,
+    measure_ocr: bool = False,
     progress: Progress = _quiet,
 ) -> ContextResult:
-    """What the model sees for the path to ``tip_id``: the path itself when it fits,
-    else a reusable record's view plus what follows it, else the ladder's result
-    (recorded, with its pages in the blob store).
+    """What the model sees for the path to ``tip_id`` plus ``pending`` (a turn still in
+    memory) at ``budget``: the one way the turn engine, the context API, the browser's
+    panel and compaction jobs build a request.
 
-    ``compact=False`` only reads: it never runs the ladder (no record, no rendering, no
-    model call) and answers with what the next request would start from (a reusable
-    record's view, else the path) and whether that fits. The browser's context panel
-    shows this on a GET."""
-    from conversations.turns import transcript_for_model
+    Always computed from the archived originals: the free rungs when they fit, else a
+    reusable record (the cached answer for this path at this budget) plus what follows
+    its anchor, else the whole ladder, recorded, with its pages in the blob store.
 
-    # A read-only look (compact=False) writes nothing, not even a dropped checkpoint.
-    messages, resume = transcript_for_model(
-        conversation=conversation, tip_id=tip_id, drop_checkpoints=compact
-    )
+    ``compact=False`` only reads: no record, no blob, no dropped checkpoint, no model
+    call. It answers with what the next request would be: the free rungs, a reusable
+    record, or (with ``preview_pages``) the snapshot drawn in memory; when only a
+    summary would fit, ``needs_summary`` says so."""
+    originals, resume = _originals(conversation, tip_id, pending, drop_checkpoints=compact)
     calibration, reported = calibration_get(spec.id)
     budget = budget or model_budget(spec, reported)
-    model = model_info(spec, reported)
+    view = ContextView.build(
+        originals,
+        budget_tokens=budget,
+        model=model_info(spec, reported),
+        calibration=calibration,
+        system=conversation.system_prompt,
+        tools=tool_dicts(tools),
+        limits=_limits(spec),
+        blob_sizes=_blob_sizes(originals),
+    )
+    if pending:
+        _refuse_oversized_input(view, len(pending))
 
-    def view_of(items: Sequence[dict[str, Any]]) -> ContextView:
-        return ContextView.build(
-            items,
-            budget_tokens=budget,
-            model=model,
-            calibration=calibration,
-            system=conversation.system_prompt,
-        )
+    def answer(result: LadderResult, **extra: Any) -> ContextResult:
+        fitted, inline = detach_pages(result.view)
+        if compact and inline:
+            _store_images(conversation, inline)
+            inline = {}
+        return ContextResult(
+            list(fitted.messages), budget, result.view.estimate(), result.fits,
+            reports=[report_dict(r) for r in result.reports], resume=resume,
+            view=result.view, inline=inline, **extra,
+        )  # fmt: skip
 
-    view = view_of(messages)
-    if view.fits():
-        return ContextResult(messages, budget, view.estimate(), True, resume=resume, view=view)
-    ids = [m["id"] for m in messages]
-    record = _reusable_record(conversation, spec, ids)
-    if record is not None:
-        after = messages[ids.index(str(record.anchor_id)) + 1 :]
-        reused = view_of([*record.view, *after])
-        if reused.fits() or not compact:
-            return ContextResult(
-                list(reused.messages), budget, reused.estimate(), reused.fits(),
-                record=record, reused=True, resume=resume, view=reused,
-            )  # fmt: skip
+    shrink = ImageShrinker()
+    free = run_ladder(view, shrink=shrink)
+    if free.fits and not set(free.rungs) - {"image_limits"}:
+        return answer(free)  # the originals fit (their images fitted to the provider)
+    ids = [m["id"] for m in originals]
+    record = _reusable_record(conversation, spec, ids, budget)
+    # A summary record never displaces free rungs that fit (a summary is the last rung).
+    if record is not None and not (free.fits and "summary" in record.rung_names):
+        after = originals[ids.index(str(record.anchor_id)) + 1 :]
+        reused = replace(view, messages=(*(as_message(m) for m in record.view), *after))
+        reused, _ = fit_images(reused, shrink=shrink)
+        if reused.fits():
+            result = LadderResult(replace(reused, source=view.source), (), True)
+            return answer(result, record=record, reused=True)
     if not compact:
-        return ContextResult(messages, budget, view.estimate(), False, resume=resume, view=view)
-    # Compact from the originals: pages are always drawn from the archived text.
-    assert tip_id is not None  # an empty path always fits
+        if free.fits or not preview_pages:
+            return answer(free, needs_summary=not free.fits)
+        preview = run_ladder(view, render=renderer_for(spec), shrink=shrink)
+        return answer(preview, needs_summary=not preview.fits)
+    if tip_id is None:
+        return answer(free)  # nothing archived yet to anchor a record on
     record, compacted = compaction_run(
         conversation=conversation,
         spec=spec,
@@ -304,17 +435,121 @@ def context_build(
         measure_ocr=measure_ocr,
         progress=progress,
     )
-    ready = record.status == RecordStatus.READY
+    return _from_record(record, compacted, resume)
+
+
+def _from_record(
+    record: CompactionRecord, compacted: ContextView, resume: ResumeReport
+) -> ContextResult:
+    """The result of a compaction that just ran. A failed one answers with the view it
+    was given, marked as not fitting (the record says why)."""
+    if record.status != RecordStatus.READY:
+        return ContextResult(
+            list(compacted.messages), compacted.budget_tokens, compacted.estimate(), False,
+            reports=[], record=record, resume=resume, view=compacted,
+        )  # fmt: skip
     return ContextResult(
-        compacted if ready else messages,
-        budget,
-        record.tokens_after,
-        ready and record.tokens_after <= budget,
-        reports=record.rungs,
-        record=record,
-        resume=resume,
-        view=view_of(compacted) if ready else view,
+        list(compacted.messages), compacted.budget_tokens, compacted.estimate(),
+        compacted.fits(),
+        reports=record.rungs, record=record, resume=resume, view=compacted,
+    )  # fmt: skip
+
+
+def context_after_overflow(
+    *,
+    conversation: Conversation,
+    spec: ModelSpec,
+    tip_id: uuid.UUID | None,
+    sent: ContextResult,
+    overflow: ContextOverflow,
+) -> ContextResult:
+    """Reactive compaction after the provider rejected the request ``sent`` as too
+    large: the estimator learns the provider's numbers, and the ladder runs again from
+    the originals (never from the rejected, maybe compacted, view) down to the limit the
+    provider reported, less the margin. Raises ``overflow`` again when no smaller request
+    can be made, so the rejected payload is never resent."""
+    assert sent.view is not None
+    calibration_overflow(
+        model_id=spec.id,
+        raw_estimate=sent.view.raw_tokens,
+        measured=overflow.measured_tokens,
+        limit=overflow.limit,
     )
+    if tip_id is None:
+        raise overflow  # nothing archived to compact: the new input alone is too big
+    # The rejected request, with the originals it was built from as its source.
+    rejected = replace(
+        sent.view,
+        budget_tokens=min(sent.view.budget_tokens, model_budget(spec, overflow.limit)),
+        model=model_info(spec, overflow.limit),
+    )
+    record, compacted = compaction_run(
+        conversation=conversation,
+        spec=spec,
+        view=rejected,
+        anchor_id=tip_id,
+        trigger=Trigger.REACTIVE,
+        summarize=Summarizer(spec),
+        overflow=(overflow.measured_tokens, overflow.limit),
+    )
+    if record.status != RecordStatus.READY:
+        raise overflow
+    return _from_record(record, compacted, sent.resume)
+
+
+def _refuse_oversized_input(view: ContextView, pending: int) -> None:
+    """413 before any compaction when the system prompt, the tools and the turn in
+    memory are over the budget on their own: the ladder keeps the newest turn whole."""
+    fixed = replace(view, messages=view.messages[-pending:], source=())
+    if fixed.estimate() > view.budget_tokens:
+        raise InputTooLarge(
+            f"the new message alone is about {fixed.estimate()} tokens, over the "
+            f"{view.budget_tokens}-token budget of {view.model.context_window}-token window",
+            estimate=fixed.estimate(),
+            budget=view.budget_tokens,
+        )
+
+
+class ImageShrinker:
+    """Rung 0's recompression: an image over the provider's byte limit re-encoded as
+    JPEG, downscaled until it fits. The bytes ride along in the part (``data``) until
+    the request is kept: stored as a blob by a compacting build, served inline by a
+    read-only one."""
+
+    def __call__(self, part: dict[str, Any], cap: int) -> dict[str, Any] | None:
+        import io
+
+        from PIL import Image
+
+        try:
+            data = tree_services.blob_read(str(part.get("blob")))
+            with Image.open(io.BytesIO(data)) as opened:
+                image = opened.convert("RGB")
+        except (Blob.DoesNotExist, OSError, ValueError):
+            return None
+        scale = 1.0
+        for _ in range(8):
+            size = (max(1, int(image.width * scale)), max(1, int(image.height * scale)))
+            buffer = io.BytesIO()
+            image.resize(size).save(buffer, format="JPEG", quality=85, optimize=True)
+            out = buffer.getvalue()
+            if len(out) <= cap:
+                return {
+                    "type": "image",
+                    "blob": hashlib.sha256(out).hexdigest(),
+                    "mime": "image/jpeg",
+                    "width": size[0],
+                    "height": size[1],
+                    "data": out,
+                    "recompressed_from": part.get("blob"),
+                }
+            scale *= 0.7
+        return None
+
+
+def _store_images(conversation: Conversation, inline: dict[str, bytes]) -> None:
+    for data in inline.values():
+        tree_services.blob_store(owner=conversation.owner, data=data)
 
 
 def compaction_run(
@@ -328,10 +563,11 @@ def compaction_run(
     overflow: tuple[int | None, int | None] | None = None,
     measure_ocr: bool = False,
     progress: Progress = _quiet,
-) -> tuple[CompactionRecord, list[dict[str, Any]]]:
-    """Run the ladder and keep the result as a record; also return the compacted
-    messages (including any not yet persisted, named ``pending:…``, which the stored
-    view leaves out: a record only ever stands for messages of the tree).
+) -> tuple[CompactionRecord, ContextView]:
+    """Run the ladder from the originals (``view.source``) and keep the result as a
+    record; also return the compacted view (including any messages not yet persisted,
+    named ``pending:…``, which the stored view leaves out: a record only ever stands for
+    messages of the tree). A failed run returns ``view`` itself.
 
     The slow part (rendering, model calls) happens outside any transaction; the record,
     its pages and their blobs are written together at the end, so a failure leaves no
@@ -348,9 +584,10 @@ def compaction_run(
                 limit=overflow[1],
                 render=draw,
                 summarize=ask,
+                shrink=ImageShrinker(),
             )
         else:
-            result = run_ladder(view, render=draw, summarize=ask)
+            result = run_ladder(view, render=draw, summarize=ask, shrink=ImageShrinker())
     except (CompactionError, Exception) as exc:
         failed = CompactionRecord.objects.create(
             conversation=conversation,
@@ -364,7 +601,7 @@ def compaction_run(
             model_calls=len(summarize.calls) if summarize else 0,
             finished_at=timezone.now(),
         )
-        return failed, list(view.messages)
+        return failed, view
     compacted, pngs = detach_pages(result.view)
     stored = [m for m in compacted.messages if not str(m["id"]).startswith(PENDING)]
     reports = [report_dict(r) for r in result.reports]
@@ -414,7 +651,7 @@ def compaction_run(
         SnapshotPage.objects.bulk_create(pages)
     if measure_ocr:
         pages_measure_ocr(record=record, render=render, progress=progress)
-    return record, list(compacted.messages)
+    return record, compacted
 
 
 def _reporting(
@@ -456,20 +693,39 @@ def _head_end(result: LadderResult, conversation: Conversation) -> Any:
     return None
 
 
-def estimate_request(
-    *, conversation: Conversation, spec: ModelSpec, messages: Sequence[Any]
-) -> tuple[int, int, int]:
-    """(raw estimate, calibrated estimate, budget) of a request of these messages."""
-    calibration, reported = calibration_get(spec.id)
-    budget = model_budget(spec, reported)
-    view = ContextView.build(
-        messages,
-        budget_tokens=budget,
-        model=model_info(spec, reported),
-        calibration=calibration,
-        system=conversation.system_prompt,
+def usage_observe(*, spec: ModelSpec, context: ContextResult, usage: Any) -> None:
+    """Learn from the provider's count of a request built by ``context_build``: the raw
+    estimate of exactly what was sent (messages, system prompt, tool definitions,
+    images) against the measured input tokens. The first request built from a record
+    also tells the record (the audit shows it next to the estimate)."""
+    if usage is None or not usage.input_tokens or context.view is None:
+        return
+    calibration_observe(
+        model_id=spec.id, raw_estimate=context.view.raw_tokens, measured=usage.input_tokens
     )
-    return view.raw_tokens, view.estimate(), budget
+    if context.record is not None:
+        record_measured(record=context.record, input_tokens=usage.input_tokens)
+
+
+def compaction_enqueue_if_due(
+    *, conversation: Conversation, spec: ModelSpec, tip_id: uuid.UUID, tools: Sequence[Any] = ()
+) -> CompactionJob | None:
+    """Proactive compaction: when the next request from ``tip_id`` would not fit without
+    a new compaction (neither the free rungs nor a reusable record are enough), build it
+    in a job (a Celery worker, or in-process without a broker)."""
+    upcoming = context_build(
+        conversation=conversation,
+        spec=spec,
+        tip_id=tip_id,
+        tools=tools,
+        compact=False,
+        preview_pages=False,
+    )
+    if upcoming.fits:
+        return None
+    return job_enqueue(
+        conversation=conversation, anchor_id=tip_id, model_id=spec.id, trigger=Trigger.PROACTIVE
+    )
 
 
 def record_measured(*, record: CompactionRecord, input_tokens: int) -> None:
@@ -537,6 +793,7 @@ def job_run(*, job: CompactionJob) -> CompactionRecord | None:
             conversation=job.conversation,
             spec=spec,
             tip_id=job.anchor_id,
+            tools=tools_for(job.conversation),
             trigger=job.trigger,
             measure_ocr=True,
             progress=progress,

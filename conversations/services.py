@@ -45,6 +45,7 @@ from conversations.parts import (
     searchable_text,
     tool_calls,
 )
+from conversations.resume import ResumeReport, resume_view
 
 
 @dataclass(frozen=True)
@@ -651,6 +652,14 @@ def rewind(
 _ALLOWED_IMAGE_FORMATS = {"PNG": "png", "JPEG": "jpg", "WEBP": "webp", "GIF": "gif"}
 
 
+def blob_read(sha256: str) -> bytes:
+    """The bytes of a stored image (Blob.DoesNotExist when there is none)."""
+    blob = Blob.objects.get(pk=sha256)
+    with blob.file.open("rb") as handle:
+        data: bytes = handle.read()
+    return data
+
+
 def blob_store(*, owner: User, data: bytes) -> Blob:
     """Store an image by the sha256 of its bytes. Only PNG, JPEG, WebP and GIF within the
     byte and pixel limits are accepted (never SVG: it can carry script)."""
@@ -798,3 +807,30 @@ def import_job_run(*, job_id: Any) -> None:
     ImportJob.objects.filter(pk=job.pk).update(
         state=ImportState.DONE, report=report.as_dict(), upload=""
     )
+
+
+# --- the transcript a model sees -----------------------------------------------------
+
+
+def transcript_for_model(
+    *, conversation: Conversation, tip_id: uuid.UUID | None, drop_checkpoints: bool = True
+) -> tuple[list[dict[str, Any]], ResumeReport]:
+    """The path to ``tip_id`` as a model may receive it: trimmed back to the last valid
+    boundary (see conversations.resume). A live checkpoint whose message was trimmed is
+    marked dropped — never moved to another message — unless ``drop_checkpoints`` is
+    False (a read-only look, such as the browser's context panel)."""
+    path = selectors.message_path(conversation_id=conversation.pk, tip_id=tip_id)
+    view, report = resume_view(path)
+    if report.trimmed and drop_checkpoints:
+        trimmed = {uuid.UUID(mid) for mid in report.trimmed}
+        for checkpoint in Checkpoint.objects.filter(
+            conversation=conversation, state=CheckpointState.LIVE, message_id__in=trimmed
+        ):
+            checkpoint_drop(
+                checkpoint=checkpoint,
+                reason=f"its message {checkpoint.message_id} was trimmed on resume: the "
+                "transcript ended between a tool call and its result",
+            )
+    return [
+        {"id": str(m.id), "role": m.role, "parts": m.parts, "metadata": m.metadata} for m in view
+    ], report

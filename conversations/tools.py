@@ -137,3 +137,33 @@ def run_tool(name: str, arguments: dict[str, Any], ctx: ToolContext) -> tuple[st
         return tool.run(ctx, arguments if isinstance(arguments, dict) else {}), False
     except ToolFailed as exc:
         return str(exc), True
+
+
+# The model's own checkpoint and rewind (DESIGN.md invariant 6): the turn engine answers
+# these itself (they move the tree), so they are specs without a handler here.
+CHECKPOINT_SPEC = ToolSpec(
+    "checkpoint",
+    "Label the clean turn boundary where the current turn started, so you can come back "
+    "to it with rewind after exploring. Labels are unique among live checkpoints.",
+    {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]},
+)
+REWIND_SPEC = ToolSpec(
+    "rewind",
+    "Return to a checkpoint, leaving a digest of what you learned while exploring. The "
+    "exploration stays in the conversation's tree but leaves your context; afterwards you "
+    "see everything up to the checkpoint, then your digest.",
+    {
+        "type": "object",
+        "properties": {"label": {"type": "string"}, "digest": {"type": "string"}},
+        "required": ["label", "digest"],
+    },
+)
+
+
+def tools_for(conversation: Conversation) -> list[ToolSpec]:
+    """The tools a conversation's turns offer the model (the context API sends the
+    same: a history holding tool calls needs their definitions)."""
+    specs = [tool.spec for tool in TOOLS.values()]
+    if conversation.checkpoint_tools:
+        specs += [CHECKPOINT_SPEC, REWIND_SPEC]
+    return specs

@@ -25,13 +25,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from compaction import services as compaction
-from compaction.ladder import ContextView
-from compaction.models import CompactionRecord, RecordStatus, Trigger
+from compaction.models import Trigger
 from conversations import selectors, services
 from conversations.errors import ArborError, Conflict, InvalidInput, NotFound
 from conversations.models import (
     AttemptStatus,
-    Blob,
     Checkpoint,
     CheckpointSource,
     CheckpointState,
@@ -50,12 +48,11 @@ from conversations.providers import (
     TextDelta,
     ThinkingDelta,
     ToolCallStarted,
-    ToolSpec,
     make_provider,
     resolve_model,
 )
-from conversations.resume import ResumeReport, resume_view
-from conversations.tools import TOOLS, ToolContext, run_tool
+from conversations.resume import ResumeReport
+from conversations.tools import ToolContext, run_tool, tools_for
 
 _AT_TIP: Any = object()
 
@@ -83,36 +80,11 @@ class TurnOutcome:
 
 # --- the transcript a model sees -----------------------------------------------------
 
-
-def transcript_for_model(
-    *, conversation: Conversation, tip_id: uuid.UUID | None, drop_checkpoints: bool = True
-) -> tuple[list[dict[str, Any]], ResumeReport]:
-    """The path to ``tip_id`` as a model may receive it: trimmed back to the last valid
-    boundary (see conversations.resume). A live checkpoint whose message was trimmed is
-    marked dropped — never moved to another message — unless ``drop_checkpoints`` is
-    False (a read-only look, such as the browser's context panel)."""
-    path = selectors.message_path(conversation_id=conversation.pk, tip_id=tip_id)
-    view, report = resume_view(path)
-    if report.trimmed and drop_checkpoints:
-        trimmed = {uuid.UUID(mid) for mid in report.trimmed}
-        for checkpoint in Checkpoint.objects.filter(
-            conversation=conversation, state=CheckpointState.LIVE, message_id__in=trimmed
-        ):
-            services.checkpoint_drop(
-                checkpoint=checkpoint,
-                reason=f"its message {checkpoint.message_id} was trimmed on resume: the "
-                "transcript ended between a tool call and its result",
-            )
-    return [
-        {"id": str(m.id), "role": m.role, "parts": m.parts, "metadata": m.metadata} for m in view
-    ], report
+# Kept here for callers that know the engine; the query lives with the other tree reads.
+transcript_for_model = services.transcript_for_model
 
 
-def load_blob(sha256: str) -> bytes:
-    blob = Blob.objects.get(pk=sha256)
-    with blob.file.open("rb") as handle:
-        data: bytes = handle.read()
-    return data
+load_blob = services.blob_read
 
 
 # --- attempts ------------------------------------------------------------------------
@@ -226,35 +198,46 @@ def turn_events(
     yield {"event": "attempt", "attempt": str(attempt.pk), "model": spec.id, "notice": spec.notice}
     finished = False
     try:
-        context = compaction.context_build(
-            conversation=conversation, spec=spec, tip_id=parent_id, trigger=Trigger.PROACTIVE
-        )
-        history, report = context.messages, context.resume
-        if report.changed:
-            yield {"event": "resume", "trimmed": report.trimmed, "repaired": report.repaired}
-        if context.record is not None:
-            yield _context_event(context)
         turn: list[dict[str, Any]] = [{"role": "user", "parts": user_parts}] if user_parts else []
-        tool_specs = [tool.spec for tool in TOOLS.values()]
-        if conversation.checkpoint_tools:
-            tool_specs += [CHECKPOINT_SPEC, REWIND_SPEC]
+        tool_specs = tools_for(conversation)
         tool_context = ToolContext(conversation=conversation)
         persisted: list[str] = []
-        sent_from = 0  # turn messages before this index are inside ``history`` already
-        # The first request built from a compaction record tells the record what the
-        # provider really counted (shown in the audit next to the estimate).
-        measured_record = context.record if context.fits else None
+        reported_resume = False
+        told_record: Any = None
         with make_provider(spec, load_blob=load_blob) as provider:
             for round_number in range(settings.ARBOR_MAX_TOOL_ROUNDS + 1):
-                # The last round offers no tools, so the turn ends on an answer.
+                # Every request goes through the one entry point into compaction: the
+                # archived path plus the turn so far, at the model's budget, with the
+                # tool definitions it is sent with.
+                context = compaction.context_build(
+                    conversation=conversation,
+                    spec=spec,
+                    tip_id=parent_id,
+                    pending=turn,
+                    tools=tool_specs,
+                    trigger=Trigger.PROACTIVE,
+                )
+                report = context.resume
+                if report.changed and not reported_resume:
+                    reported_resume = True
+                    yield {
+                        "event": "resume",
+                        "trimmed": report.trimmed,
+                        "repaired": report.repaired,
+                    }
+                if context.record is not None and context.record.pk != told_record:
+                    told_record = context.record.pk
+                    yield _context_event(context)
+                # The last round keeps the tool definitions (a history with tool calls
+                # needs them) but lets the model call none, so the turn ends on an answer.
                 last_round = round_number == settings.ARBOR_MAX_TOOL_ROUNDS
-                tools = () if last_round else tool_specs
                 reply = None
                 for retry in (False, True):
                     request = Request(
-                        messages=history + turn[sent_from:],
+                        messages=context.messages,
                         system=conversation.system_prompt,
-                        tools=tools,
+                        tools=tool_specs,
+                        tool_choice="none" if last_round else None,
                     )
                     try:
                         for event in provider.stream(request):
@@ -272,16 +255,18 @@ def turn_events(
                         if retry:
                             raise  # compacted once already: fail the turn, say why
                         # Reactive compaction: the provider counted more than we did.
-                        # Recalibrate, compact below its limit, and retry once; the
-                        # rejected payload is never sent again unchanged.
-                        history, measured_record = _compact_after_overflow(
-                            conversation, spec, parent_id, history, turn[sent_from:], overflow
+                        # Recalibrate, compact again from the originals below its limit,
+                        # and retry once; the rejected payload is never sent again.
+                        context = compaction.context_after_overflow(
+                            conversation=conversation,
+                            spec=spec,
+                            tip_id=parent_id,
+                            sent=context,
+                            overflow=overflow,
                         )
-                        sent_from = len(turn)
                         yield {"event": "compacted", "trigger": "reactive"}
                 assert reply is not None  # stream() raises rather than end without Done
-                _learn(conversation, spec, request, reply, measured_record)
-                measured_record = None
+                compaction.usage_observe(spec=spec, context=context, usage=reply.usage)
                 message = reply.message()
                 if not message["parts"]:
                     message["parts"] = [{"type": "text", "text": ""}]
@@ -315,11 +300,7 @@ def turn_events(
                         # model continues from the checkpoint and its digest.
                         persisted += outcome.persisted
                         parent_id = outcome.digest_id
-                        history = compaction.context_build(
-                            conversation=conversation, spec=spec, tip_id=parent_id
-                        ).messages
                         turn = []
-                        sent_from = 0
                         yield {
                             "event": "rewind",
                             "label": rewind_call["arguments"].get("label"),
@@ -341,7 +322,9 @@ def turn_events(
         )
         _attempt_finish(attempt, status=AttemptStatus.COMPLETED, tip=result.tip)
         finished = True
-        _maybe_enqueue_compaction(conversation, spec, history + turn[sent_from:], result.tip)
+        compaction.compaction_enqueue_if_due(
+            conversation=conversation, spec=spec, tip_id=result.tip, tools=tool_specs
+        )
         yield {
             "event": "done",
             "attempt": str(attempt.pk),
@@ -383,82 +366,6 @@ def _context_event(context: compaction.ContextResult) -> dict[str, Any]:
     }
 
 
-def _compact_after_overflow(
-    conversation: Conversation,
-    spec: ModelSpec,
-    anchor: uuid.UUID | None,
-    history: list[dict[str, Any]],
-    pending: list[dict[str, Any]],
-    overflow: ContextOverflow,
-) -> tuple[list[dict[str, Any]], CompactionRecord]:
-    messages = history + [{**m, "id": f"{compaction.PENDING}{i}"} for i, m in enumerate(pending)]
-    raw, _, _ = compaction.estimate_request(conversation=conversation, spec=spec, messages=messages)
-    calibration = compaction.calibration_overflow(
-        model_id=spec.id,
-        raw_estimate=raw,
-        measured=overflow.measured_tokens,
-        limit=overflow.limit,
-    )
-    view = ContextView.build(
-        messages,
-        budget_tokens=compaction.model_budget(spec, overflow.limit),
-        model=compaction.model_info(spec, overflow.limit),
-        calibration=calibration,
-        system=conversation.system_prompt,
-    )
-    if anchor is None:
-        raise overflow  # nothing persisted to compact: the new message alone is too big
-    record, compacted = compaction.compaction_run(
-        conversation=conversation,
-        spec=spec,
-        view=view,
-        anchor_id=anchor,
-        trigger=Trigger.REACTIVE,
-        summarize=compaction.Summarizer(spec),
-        overflow=(overflow.measured_tokens, overflow.limit),
-    )
-    if record.status != RecordStatus.READY:
-        raise overflow
-    return compacted, record
-
-
-def _learn(
-    conversation: Conversation,
-    spec: ModelSpec,
-    request: Request,
-    reply: Any,
-    record: Any,
-) -> None:
-    """Calibrate the estimator from the provider's measured input tokens."""
-    if reply.usage is None or not reply.usage.input_tokens:
-        return
-    raw, _, _ = compaction.estimate_request(
-        conversation=conversation, spec=spec, messages=list(request.messages)
-    )
-    compaction.calibration_observe(
-        model_id=spec.id, raw_estimate=raw, measured=reply.usage.input_tokens
-    )
-    if record is not None:
-        compaction.record_measured(record=record, input_tokens=reply.usage.input_tokens)
-
-
-def _maybe_enqueue_compaction(
-    conversation: Conversation,
-    spec: ModelSpec,
-    messages: list[dict[str, Any]],
-    tip: uuid.UUID,
-) -> None:
-    """Proactive compaction: when the next request would cross the threshold, build
-    its compacted context in a job (a Celery worker, or in-process without a broker)."""
-    _, estimate, budget = compaction.estimate_request(
-        conversation=conversation, spec=spec, messages=messages
-    )
-    if estimate > budget:
-        compaction.job_enqueue(
-            conversation=conversation, anchor_id=tip, model_id=spec.id, trigger=Trigger.PROACTIVE
-        )
-
-
 def _result(call: dict[str, Any], text: str, is_error: bool) -> dict[str, Any]:
     return {
         "type": "tool_result",
@@ -478,24 +385,6 @@ def _result_event(call: dict[str, Any], is_error: bool) -> dict[str, Any]:
 
 
 # --- the model's own checkpoint and rewind (DESIGN.md invariant 6) ---------------------
-
-CHECKPOINT_SPEC = ToolSpec(
-    "checkpoint",
-    "Label the clean turn boundary where the current turn started, so you can come back "
-    "to it with rewind after exploring. Labels are unique among live checkpoints.",
-    {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]},
-)
-REWIND_SPEC = ToolSpec(
-    "rewind",
-    "Return to a checkpoint, leaving a digest of what you learned while exploring. The "
-    "exploration stays in the conversation's tree but leaves your context; afterwards you "
-    "see everything up to the checkpoint, then your digest.",
-    {
-        "type": "object",
-        "properties": {"label": {"type": "string"}, "digest": {"type": "string"}},
-        "required": ["label", "digest"],
-    },
-)
 
 
 def _model_checkpoint(

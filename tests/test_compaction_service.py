@@ -50,10 +50,15 @@ class ContextTests(TestCase):
         self.api = Client(HTTP_AUTHORIZATION=f"Bearer {self.secret}")
         self.spec = resolve_model("openai/textonly")
 
-    def context(self, conv: Conversation, **params: Any) -> Any:
-        response = self.api.get(
-            f"/api/conversations/{conv.pk}/context", {"model": "openai/textonly", **params}
-        )
+    def context(self, conv: Conversation, *, method: str = "post", **params: Any) -> Any:
+        """POST compacts (and keeps a record); GET only reads."""
+        url = f"/api/conversations/{conv.pk}/context"
+        query = {"model": "openai/textonly", **params}
+        if method == "post":
+            url += "?" + "&".join(f"{k}={v}" for k, v in query.items())
+            response = self.api.post(url)
+        else:
+            response = self.api.get(url, query)
         assert response.status_code == 200, response.content
         return response.json()
 
@@ -116,7 +121,14 @@ class ContextTests(TestCase):
     def test_a_failed_compaction_leaves_no_record_in_use(self) -> None:
         conv = services.conversation_create(owner=self.user, title="long")
         grow(conv, 16)
-        with mock.patch("compaction.services.run_ladder", side_effect=RuntimeError("boom")):
+        real = compaction.run_ladder
+
+        def boom(view: ContextView, **options: Any) -> Any:
+            if options.get("summarize") is not None:  # the compaction, not the free look
+                raise RuntimeError("boom")
+            return real(view, **options)
+
+        with mock.patch("compaction.services.run_ladder", side_effect=boom):
             failed = self.context(conv)
         assert failed["record_status"] == "failed" and not failed["fits"]
         record = CompactionRecord.objects.get(pk=failed["record"])
@@ -225,7 +237,7 @@ class SnapshotJobTests(TestCase):
             if tesseract_available():
                 assert page.ocr_cer is not None and page.ocr_cer < 0.1
         # Re-rendering the same originals gives the same pages: same blobs.
-        again, _ = compaction.compaction_run(
+        again = compaction.compaction_run(
             conversation=conv,
             spec=resolve_model("openai/vision"),
             view=ContextView.build(
@@ -237,7 +249,7 @@ class SnapshotJobTests(TestCase):
             trigger="manual",
             summarize=None,
         )
-        assert [p.blob_id for p in again.pages.all()] == [p.blob_id for p in pages]
+        assert [p.blob_id for p in again[0].pages.all()] == [p.blob_id for p in pages]
 
 
 class RenderCacheTests(TestCase):

@@ -293,7 +293,8 @@ class ContextPanelTests(Base):
         self.api = Client(HTTP_AUTHORIZATION=f"Bearer {self.secret}")
 
     def api_context(self, conv: Conversation) -> dict[str, Any]:
-        response = self.api.get(f"/api/conversations/{conv.pk}/context")
+        """Compact through the API (a POST; the GET only reads)."""
+        response = self.api.post(f"/api/conversations/{conv.pk}/context")
         assert response.status_code == 200, response.content
         body: dict[str, Any] = response.json()
         return body
@@ -360,7 +361,7 @@ class ContextPanelTests(Base):
         self.panel(conv)
         imported.refresh_from_db()
         assert imported.state == "live"  # the panel only looks
-        self.api_context(conv)  # resuming through the API trims, and drops it
+        self.api_context(conv)  # compacting through the API trims, and drops it
         imported.refresh_from_db()
         assert imported.state == "dropped"
 

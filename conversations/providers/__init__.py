@@ -36,6 +36,7 @@ from conversations.providers.client import (
     make_provider,
     normalize_error,
     read_api_key,
+    request_body,
 )
 from conversations.providers.convert import (
     AnthropicPayload,
@@ -96,6 +97,7 @@ __all__ = [
     "parse_overflow",
     "read_api_key",
     "redact",
+    "request_body",
     "resolve_model",
     "to_anthropic",
     "to_openai",

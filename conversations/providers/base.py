@@ -103,6 +103,8 @@ class Request:
     # Defaults to the model's max_output from the registry.
     max_output: int | None = None
     temperature: float | None = None
+    # "none": the tools are defined (the history may hold calls) but none may be called.
+    tool_choice: str | None = None
 
 
 # --- stream events --------------------------------------------------------------------

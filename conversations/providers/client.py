@@ -247,6 +247,70 @@ def _raise_normalized(exc: BaseException, provider: str) -> NoReturn:
 _TRANSPORT_ERRORS = (openai.OpenAIError, anthropic.AnthropicError, httpx2.HTTPError, TypeError)
 
 
+# --- request bodies -------------------------------------------------------------------
+
+
+def openai_body(
+    spec: ModelSpec,
+    request: Request,
+    *,
+    load_blob: LoadBlob | None = None,
+    base_url: str | None = None,
+) -> dict[str, Any]:
+    """The Chat Completions body Arbor sends for ``request`` (no ``stream`` flags)."""
+    payload = to_openai(
+        request.messages, system=request.system, tools=request.tools, load_blob=load_blob
+    )
+    body: dict[str, Any] = {"model": spec.model, "messages": payload.messages}
+    if payload.tools:
+        body["tools"] = payload.tools
+        if request.tool_choice:
+            body["tool_choice"] = request.tool_choice
+    base_url = base_url or spec.base_url or os.environ.get("OPENAI_BASE_URL") or None
+    host = urlsplit(base_url).hostname if base_url else OPENAI_DEFAULT_HOST
+    # OpenAI's newer models refuse max_tokens; most compatible servers only know it.
+    param = spec.max_tokens_param or (
+        "max_completion_tokens" if host == OPENAI_DEFAULT_HOST else "max_tokens"
+    )
+    body[param] = request.max_output or spec.max_output
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
+    return body
+
+
+def anthropic_body(
+    spec: ModelSpec, request: Request, *, load_blob: LoadBlob | None = None
+) -> dict[str, Any]:
+    """The Messages API body Arbor sends for ``request`` (no ``stream`` flag)."""
+    payload = to_anthropic(
+        request.messages, system=request.system, tools=request.tools, load_blob=load_blob
+    )
+    body: dict[str, Any] = {
+        "model": spec.model,
+        "messages": payload.messages,
+        "max_tokens": request.max_output or spec.max_output,
+    }
+    if payload.system:
+        body["system"] = payload.system
+    if payload.tools:
+        body["tools"] = payload.tools
+        if request.tool_choice:
+            body["tool_choice"] = {"type": request.tool_choice}
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
+    return body
+
+
+def request_body(
+    spec: ModelSpec, request: Request, *, load_blob: LoadBlob | None = None
+) -> dict[str, Any]:
+    """The provider-ready body of ``request`` for ``spec``'s protocol: exactly what the
+    provider client sends (the fake models speak OpenAI's)."""
+    if spec.provider == "anthropic":
+        return anthropic_body(spec, request, load_blob=load_blob)
+    return openai_body(spec, request, load_blob=load_blob)
+
+
 # --- providers ------------------------------------------------------------------------
 
 
@@ -336,10 +400,6 @@ class OpenAIProvider(Provider):
                 )
             else:
                 key = NO_KEY
-        # OpenAI's newer models refuse max_tokens; most compatible servers only know it.
-        self.max_tokens_param = spec.max_tokens_param or (
-            "max_completion_tokens" if official else "max_tokens"
-        )
         return openai.OpenAI(
             api_key=key,
             base_url=self.base_url,
@@ -354,16 +414,7 @@ class OpenAIProvider(Provider):
         )
 
     def _kwargs(self, request: Request) -> dict[str, Any]:
-        payload = to_openai(
-            request.messages, system=request.system, tools=request.tools, load_blob=self.load_blob
-        )
-        kwargs: dict[str, Any] = {"model": self.spec.model, "messages": payload.messages}
-        if payload.tools:
-            kwargs["tools"] = payload.tools
-        kwargs[self.max_tokens_param] = request.max_output or self.spec.max_output
-        if request.temperature is not None:
-            kwargs["temperature"] = request.temperature
-        return kwargs
+        return openai_body(self.spec, request, load_blob=self.load_blob, base_url=self.base_url)
 
     def complete(self, request: Request) -> Reply:
         kwargs = self._kwargs(request)
@@ -415,21 +466,7 @@ class AnthropicProvider(Provider):
         )
 
     def _kwargs(self, request: Request) -> dict[str, Any]:
-        payload = to_anthropic(
-            request.messages, system=request.system, tools=request.tools, load_blob=self.load_blob
-        )
-        kwargs: dict[str, Any] = {
-            "model": self.spec.model,
-            "messages": payload.messages,
-            "max_tokens": request.max_output or self.spec.max_output,
-        }
-        if payload.system:
-            kwargs["system"] = payload.system
-        if payload.tools:
-            kwargs["tools"] = payload.tools
-        if request.temperature is not None:
-            kwargs["temperature"] = request.temperature
-        return kwargs
+        return anthropic_body(self.spec, request, load_blob=self.load_blob)
 
     def complete(self, request: Request) -> Reply:
         kwargs = self._kwargs(request)

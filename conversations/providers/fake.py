@@ -43,7 +43,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
@@ -312,6 +312,38 @@ def anthropic_pairing_error(messages: Sequence[Mapping[str, Any]]) -> dict[str, 
                         f"in `tool_result` blocks: {block.get('tool_use_id')}. Each "
                         "`tool_result` block must have a corresponding `tool_use` block in "
                         "the previous message."
+                    )
+    return None
+
+
+# Anthropic's limit on one base64 image, as its API enforces it.
+ANTHROPIC_MAX_IMAGE_BYTES = 5 * 1024 * 1024
+
+
+def anthropic_request_error(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The real API's 400s for a request it cannot take as sent: no ``max_tokens``,
+    tool blocks in the history without tool definitions, an image over 5 MB."""
+    if not isinstance(body.get("max_tokens"), int):
+        return anthropic_error("max_tokens: Field required")
+    messages = body.get("messages") or []
+    has_tool_blocks = any(
+        b.get("type") in ("tool_use", "tool_result") for m in messages for b in _blocks(m)
+    )
+    if has_tool_blocks and not body.get("tools"):
+        return anthropic_error(
+            "Requests which include `tool_use` or `tool_result` blocks must define tools."
+        )
+    for index, message in enumerate(messages):
+        for position, block in enumerate(_blocks(message)):
+            inner = block.get("content") if block.get("type") == "tool_result" else [block]
+            for item in inner if isinstance(inner, list) else []:
+                source = item.get("source") or {} if item.get("type") == "image" else {}
+                data = source.get("data") if source.get("type") == "base64" else None
+                size = len(data) * 3 // 4 if isinstance(data, str) else 0
+                if size > ANTHROPIC_MAX_IMAGE_BYTES:
+                    return anthropic_error(
+                        f"messages.{index}.content.{position}.image.source.base64: image "
+                        f"exceeds 5 MB maximum: {size} bytes > {ANTHROPIC_MAX_IMAGE_BYTES} bytes"
                     )
     return None
 
@@ -706,7 +738,7 @@ class FakeLLMServer:
         pairing = (
             openai_pairing_error(messages)
             if protocol == "openai"
-            else anthropic_pairing_error(messages)
+            else anthropic_pairing_error(messages) or anthropic_request_error(body)
         )
         if pairing is not None:
             send_error(400, pairing)
@@ -728,6 +760,10 @@ class FakeLLMServer:
             return
 
         step = self._take(errors_only=False) or Step(text=self._echo(protocol, body, prompt))
+        choice = body.get("tool_choice")
+        if step.tool_calls and (choice == "none" or (choice or {}) == {"type": "none"}):
+            # tool_choice "none": the model answers in words, whatever the script says.
+            step = replace(step, tool_calls=(), text=step.text or "(no tool calls allowed)")
         if self._pause(step.delay):
             return
         record.status = 200
