@@ -190,9 +190,14 @@ def request_tokens(
 
 MIN_FACTOR = 0.5
 MAX_FACTOR = 4.0
-# Undercounting is what overflows a window, so the factor rises fast and falls slowly.
+# Undercounting is what overflows a window, so the factor rises faster than it falls.
 ALPHA_UP = 0.5
-ALPHA_DOWN = 0.1
+ALPHA_DOWN = 0.2
+# How much one observation counts grows with its size: a request of this many raw
+# tokens weighs half. A "Hi!" with three tool definitions (a hundred tokens, mostly
+# fixed overheads the estimate models least well) barely moves the factor; a 20,000-
+# token agent request moves it almost fully.
+WEIGHT_TOKENS = 2000
 
 
 def _bounded(factor: float) -> float:
@@ -203,11 +208,12 @@ def _bounded(factor: float) -> float:
 class Calibration:
     """How far the raw estimate is from what a provider counts, as a factor.
 
-    ``observe`` folds in measured usage (an exponential moving average of
-    measured / raw estimate, bounded to [0.5, 4], and never below 1.0 after the provider
-    reported more than the raw estimate). ``after_overflow`` folds in the numbers of a
-    rejected request: the factor becomes at least measured / raw, so the same payload is
-    never again estimated below what the provider counted.
+    ``observe`` folds in measured usage: a moving average of measured / raw estimate
+    (each ratio bounded to [0.5, 4]) weighted by the request's size, starting from a
+    prior of 1.0, and never below 1.0 after the provider reported more than the raw
+    estimate. ``after_overflow`` folds in the numbers of a rejected request: the factor
+    becomes at least measured / raw, so the same payload is never again estimated below
+    what the provider counted.
     """
 
     factor: float = 1.0
@@ -222,13 +228,15 @@ class Calibration:
         provider measured at ``measured`` input tokens."""
         if raw_estimate <= 0 or measured <= 0:
             return self
-        ratio = measured / raw_estimate
-        if self.samples == 0:
-            factor = ratio
-        else:
-            alpha = ALPHA_UP if ratio > self.factor else ALPHA_DOWN
-            factor = self.factor + alpha * (ratio - self.factor)
+        ratio = _bounded(measured / raw_estimate)
+        weight = raw_estimate / (raw_estimate + WEIGHT_TOKENS)
+        # The first observations move further (a running mean: the prior 1.0 is only a
+        # guess), later ones by the moving average's rate.
+        alpha = ALPHA_UP if ratio > self.factor else ALPHA_DOWN
+        alpha = max(alpha, 1.0 / (self.samples + 1)) * weight
+        factor = self.factor + alpha * (ratio - self.factor)
         if ratio > 1.0:
+            # Undercounting overflows windows: never stay below the provider's count.
             factor = max(factor, 1.0)
         return Calibration(factor=_bounded(factor), samples=self.samples + 1)
 

@@ -710,9 +710,10 @@ def usage_observe(*, spec: ModelSpec, context: ContextResult, usage: Any) -> Non
 def compaction_enqueue_if_due(
     *, conversation: Conversation, spec: ModelSpec, tip_id: uuid.UUID, tools: Sequence[Any] = ()
 ) -> CompactionJob | None:
-    """Proactive compaction: when the next request from ``tip_id`` would not fit without
-    a new compaction (neither the free rungs nor a reusable record are enough), build it
-    in a job (a Celery worker, or in-process without a broker)."""
+    """Proactive compaction: when the next request from ``tip_id`` crosses the threshold
+    (it fits only after a rung, or not at all) and no record is there to reuse, build
+    it in a job (a Celery worker, or in-process without a broker). The record the job
+    keeps is reused by the requests that follow, so their prefix stays the same."""
     upcoming = context_build(
         conversation=conversation,
         spec=spec,
@@ -721,7 +722,7 @@ def compaction_enqueue_if_due(
         compact=False,
         preview_pages=False,
     )
-    if upcoming.fits:
+    if upcoming.reused or (upcoming.fits and not set(upcoming.rungs) - {"image_limits"}):
         return None
     return job_enqueue(
         conversation=conversation, anchor_id=tip_id, model_id=spec.id, trigger=Trigger.PROACTIVE

@@ -79,9 +79,9 @@ class CeleryWorkerTests(TransactionTestCase):
         user = make_user("agent")
         conv = services.conversation_create(owner=user, title="long", model="openai/textonly")
         grow(conv, 10)  # ten turns, each reading a long, uneventful tool result
-        FAKE.push(Step.reply("All steps done."))
-        # The path fits before this turn; with its long question, the next one would not.
-        question = "Summarise the progress so far, considering these notes. " * 64
+        FAKE.push(Step.reply("All steps done. " * 40))
+        # This turn's request fits; with its long answer, the next one would not.
+        question = "Summarise the progress so far, considering these notes. " * 24
         outcome = turn_run(conversation=conv, parts=text(question))
         job = CompactionJob.objects.get(conversation=conv)
         assert job.anchor_id == outcome.tip and job.trigger == "proactive"
