@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import statistics
 import time
 from dataclasses import replace
@@ -60,6 +61,111 @@ def _estimator_check(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
         "median_measured_over_estimate": round(statistics.median(ratios), 3),
         "min": round(min(ratios), 3),
         "max": round(max(ratios), 3),
+    }
+
+
+# An independent reading of "referenced later" (its own patterns, not the ladder's).
+_TOKEN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]*[A-Za-z0-9_]")
+_PIECE = re.compile(r"[A-Za-z0-9_]+")
+_NUMBER = re.compile(r"(?<![\w.-])\d{3,}(?![\w])|^\s*(\d{2,})[:|\t]", re.MULTILINE)
+
+
+def _is_distinctive(token: str) -> bool:
+    """Paths, dotted names, code identifiers and ids: what a later message quotes."""
+    if len(token) < 4 or not any(c.isalpha() for c in token):
+        return False
+    if "/" in token or "_" in token or "." in token.strip("."):
+        return True
+    inner_capital = any(a.islower() and b.isupper() for a, b in zip(token, token[1:]))
+    return inner_capital or (any(c.isdigit() for c in token) and len(token) >= 6)
+
+
+def _tokens(text: str) -> set[str]:
+    """Every token and every alphanumeric piece of it (``a/b.py`` gives ``a``, ``b``,
+    ``py`` and ``a/b.py``), so a name seen inside a longer one counts as seen."""
+    out = set(_TOKEN.findall(text))
+    out |= {p for t in list(out) for p in _PIECE.findall(t)}
+    for token in list(out):
+        if "/" in token:
+            out.add(token.rstrip("/").rsplit("/", 1)[-1])
+    return out
+
+
+def _numbers(text: str) -> set[str]:
+    return {m.group(1) or m.group(0) for m in _NUMBER.finditer(text)}
+
+
+def _text(part: dict[str, Any]) -> str:
+    if part.get("type") == "text":
+        return str(part.get("text") or "")
+    if part.get("type") == "tool_call":
+        return json.dumps(part.get("arguments"), ensure_ascii=False)
+    if part.get("type") == "tool_result":
+        return "\n".join(_text(p) for p in part.get("parts") or ())
+    return ""
+
+
+def elision_check(messages: list[dict[str, Any]], elided: list[str]) -> dict[str, Any]:
+    """An independent check of the elision rung: an elided result counts as *referenced
+    later* when a later message quotes its message or call id; when later narration or
+    tool arguments use a path, file name, identifier or id it was the first to show (not
+    asked for by its own call), or a number it holds (3+ digits, or a line number); or
+    when a later tool call's arguments reuse any word of 4+ characters it was the first
+    to show. The goal is at most 2% of the elided results."""
+    index = {m["id"]: i for i, m in enumerate(messages)}
+    texts = ["\n".join(_text(p) for p in m["parts"]) for m in messages]
+    seen_before: list[set[str]] = []
+    seen: set[str] = set()
+    for text in texts:
+        seen_before.append(set(seen))
+        seen |= _tokens(text)
+    later_said: list[set[str]] = [set() for _ in messages]
+    later_args: list[set[str]] = [set() for _ in messages]
+    said: set[str] = set()
+    args: set[str] = set()
+    for i in range(len(messages) - 1, -1, -1):
+        later_said[i], later_args[i] = set(said), set(args)
+        message = messages[i]
+        if message["role"] == "tool":
+            continue
+        for part in message["parts"]:
+            text = _text(part)
+            if part.get("type") == "tool_call":
+                args |= _tokens(text)
+            if part.get("type") in ("text", "tool_call"):
+                said |= _tokens(text) | _numbers(text)
+    calls = {
+        str(p.get("id")): _tokens(_text(p)) | _numbers(_text(p))
+        for m in messages
+        for p in m["parts"]
+        if p.get("type") == "tool_call"
+    }
+    referenced: list[dict[str, Any]] = []
+    for mid in dict.fromkeys(elided):
+        i = index[mid]
+        later_text = "\n".join(texts[i + 1 :])
+        for part in messages[i]["parts"]:
+            if part.get("type") != "tool_result":
+                continue
+            text = _text(part)
+            call_id = str(part.get("call_id"))
+            asked = calls.get(call_id, set())
+            revealed = _tokens(text) - seen_before[i] - asked
+            hits = {t for t in revealed if _is_distinctive(t)} & later_said[i]
+            hits |= (_numbers(text) - asked) & later_said[i]
+            hits |= {t for t in revealed if len(t) >= 4} & later_args[i]
+            quoted = mid in later_text or call_id in later_text
+            if hits or quoted:
+                referenced.append({"message": mid, "words": sorted(hits)[:5], "id_quoted": quoted})
+    count = len(dict.fromkeys(elided))
+    share = 100 * len(referenced) / count if count else 0.0
+    return {
+        "elided": count,
+        "referenced_later": len(referenced),
+        "referenced_pct": round(share, 2),
+        "goal_pct": 2.0,
+        "met": share <= 2.0,
+        "examples": referenced[:3],
     }
 
 
@@ -110,7 +216,13 @@ def run(*, budget_share: float = BUDGET_SHARE, min_messages: int = 20) -> dict[s
             }
             for report in result.reports
         ]
+        elision = next((r for r in result.reports if r.rung == "elision"), None)
+        elided = [r.message_id for r in elision.replaced] if elision else []
         out["samples"][sample.name] = {
+            "elision": {
+                "tokens_saved": elision.saved if elision else 0,
+                **elision_check(list(view.source), elided),
+            },
             "messages": len(sample.messages),
             "turns": len(view.turn_starts),
             "tool_results": sum(1 for m in sample.messages if m["role"] == "tool"),

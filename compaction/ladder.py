@@ -402,12 +402,19 @@ _EXTENSIONS = (
     "xml|yaml|yml|zip"
 )
 _FILE_RE = re.compile(rf"^[A-Za-z0-9_][\w.-]*\.(?:{_EXTENSIONS})$", re.IGNORECASE)
-_MIXED_ID_RE = re.compile(r"^(?=[\w-]*[0-9])(?=[\w-]*[A-Za-z])[\w-]{8,}$")
+_MIXED_ID_RE = re.compile(r"^(?=[\w.-]*[0-9])(?=[\w.-]*[A-Za-z])[\w.-]{8,}$")
 # Code identifiers: camelCase / PascalCase with an inner capital, snake_case, or a name
 # mixing letters and digits; plain words ("model", "Error") are not distinctive.
 _IDENT_RE = re.compile(
-    r"[A-Za-z_][A-Za-z0-9_]*(?:[a-z0-9][A-Z]|_[A-Za-z0-9])[A-Za-z0-9_]*|[A-Za-z]+[0-9][A-Za-z0-9]*"
+    # Attribute chains first (``error.message``, ``event.firstKeptIndex``), then names.
+    r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+"
+    r"|[A-Za-z_][A-Za-z0-9_]*(?:[a-z0-9][A-Z]|_[A-Za-z0-9])[A-Za-z0-9_]*|[A-Za-z]+[0-9][A-Za-z0-9]*"
 )
+# Versions: ``0.27.5``, ``v2.1.3``.
+_VERSION_RE = re.compile(r"(?<![\w.])v?\d+\.\d+(?:\.\d+)+(?![\w])")
+# Plain words a later tool call may copy out of a result (an edit's old_string, a grep
+# pattern): four letters or more.
+_PLAIN_RE = re.compile(r"[A-Za-z0-9_]{4,}")
 # Numbers a later message may quote: three digits or more (line numbers, ports, sizes,
 # counts), not the tail of a name such as ``text-gray-600``; a result's own line
 # numbers (``175: …``, ``src/a.py:42:``) count from two digits.
@@ -438,15 +445,20 @@ def distinctive_tokens(text: str) -> set[str]:
     return found
 
 
+def plain_words(text: str) -> set[str]:
+    return set(_PLAIN_RE.findall(text))
+
+
 def quoted_numbers(text: str) -> set[str]:
     """Numbers a result holds that a later message could quote: three digits or more,
     and line numbers from two (``175`` in ``175: if (!model)``)."""
-    return set(_NUMBER_RE.findall(text)) | set(_LINE_NUMBER_RE.findall(text))
+    found = set(_NUMBER_RE.findall(text)) | set(_LINE_NUMBER_RE.findall(text))
+    return found | set(_VERSION_RE.findall(text))
 
 
 def spoken_numbers(text: str) -> set[str]:
     """Numbers of two digits or more in narration or tool arguments (``line 175-176``)."""
-    return set(_SPOKEN_NUMBER_RE.findall(text))
+    return set(_SPOKEN_NUMBER_RE.findall(text)) | set(_VERSION_RE.findall(text))
 
 
 def _narration(message: Message) -> str:
@@ -484,6 +496,7 @@ class _Candidate:
     call_id: str
     revealed: frozenset[str]
     numbers: frozenset[str]
+    plain: frozenset[str]
 
 
 def elide(
@@ -501,6 +514,7 @@ def elide(
     recent = view.recent_start(k_turns)
     messages = view.messages
     seen: set[str] = set()
+    seen_plain: set[str] = set()
     call_words: dict[str, set[str]] = {}
     candidates: list[_Candidate] = []
     for i, message in enumerate(messages):
@@ -518,9 +532,12 @@ def elide(
                         call_id,
                         frozenset(distinctive_tokens(text) - seen - asked),
                         frozenset(quoted_numbers(text) - asked),
+                        frozenset(plain_words(text) - seen_plain - asked),
                     )
                 )
-        seen |= distinctive_tokens(_all_text(message))
+        everything = _all_text(message)
+        seen |= distinctive_tokens(everything)
+        seen_plain |= plain_words(everything)
         if i < recent:
             for part in message["parts"]:
                 if part.get("type") == "tool_call":
@@ -530,6 +547,7 @@ def elide(
     later: set[str] = set()  # words of later narration and tool arguments
     later_numbers: set[str] = set()
     later_ids: set[str] = set()  # every word anywhere later, tool results included
+    later_args: set[str] = set()  # plain words of later tool calls' arguments
     keep: set[tuple[int, int]] = set()
     pending = sorted(candidates, key=lambda c: c.index, reverse=True)
     position = 0
@@ -542,11 +560,13 @@ def elide(
                 or c.call_id in later_ids
                 or c.revealed & later
                 or c.numbers & later_numbers
+                or c.plain & later_args
             ):
                 keep.add((c.index, c.part))
         spoken = _narration(messages[i]) + "\n" + _call_arguments(messages[i])
         later |= _words(spoken) | distinctive_tokens(spoken)
         later_numbers |= spoken_numbers(spoken)
+        later_args |= plain_words(_call_arguments(messages[i]))
         # Ids count wherever they are quoted, results included (a recall of this id).
         later_ids |= _words(_all_text(messages[i]))
 

@@ -275,13 +275,15 @@ class TestElision:
         assert inner[0]["text"].startswith("[elided tool result t0:")
         assert inner[1] == image()
 
-    def test_distinctive_tokens_are_paths_file_names_and_mixed_ids(self):
+    def test_distinctive_tokens_are_paths_file_names_ids_and_identifiers(self):
         found = distinctive_tokens(
             "at packages/agent/src/sdk.ts:343 see README.md, commit 705ba5d4f2 and "
-            "entries.length in Date.now; the word contextual is plain"
+            "entries.length in Date.now via TodoItem and max_tokens; the word contextual "
+            "is plain, as is Error"
         )
         assert {"packages/agent/src/sdk.ts", "sdk.ts", "README.md", "705ba5d4f2"} <= found
-        assert not {"entries.length", "Date.now", "contextual"} & found
+        assert {"entries.length", "Date.now", "TodoItem", "max_tokens"} <= found
+        assert not {"contextual", "Error", "plain"} & found
 
 
 # --- rung 2: image stripping ------------------------------------------------------------
@@ -700,6 +702,21 @@ class TestPromises:
         body = "\n".join(f"{n}: const x{n} = {n};" for n in range(160, 190))
         messages[3] = tool("t0", "c0", body + "\n" + FILLER)
         messages[8] = asst("r1", "The bug is on line 175-176 of that file.")
+        _, report = elide(view_of(messages), k_turns=1)
+        assert "t0" not in {r.message_id for r in report.replaced}
+
+    def test_words_a_later_edit_copies_out_of_a_read_keep_the_read(self):
+        messages = conversation(10)
+        messages[3] = tool("t0", "c0", FILLER + "\n    return quixotic + frobnicate")
+        edit = {"path": "notes.txt", "old_string": "return quixotic + frobnicate"}
+        messages[-3] = asst("a9", "Editing.", ("c9", "edit", edit))
+        _, report = elide(view_of(messages), k_turns=1)
+        assert "t0" not in {r.message_id for r in report.replaced}
+
+    def test_a_version_quoted_later_keeps_the_result_that_showed_it(self):
+        messages = conversation(10)
+        messages[3] = tool("t0", "c0", FILLER + "\nlatest: 0.27.5")
+        messages[-1] = asst("r9", "Pinned the package to 0.27.5 as the registry showed.")
         _, report = elide(view_of(messages), k_turns=1)
         assert "t0" not in {r.message_id for r in report.replaced}
 
