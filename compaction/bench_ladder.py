@@ -17,6 +17,7 @@ The samples and their loaders live with the tests (tests/sample_loaders.py): the
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import re
 import statistics
@@ -76,7 +77,7 @@ def _is_distinctive(token: str) -> bool:
         return False
     if "/" in token or "_" in token or "." in token.strip("."):
         return True
-    inner_capital = any(a.islower() and b.isupper() for a, b in zip(token, token[1:]))
+    inner_capital = any(a.islower() and b.isupper() for a, b in itertools.pairwise(token))
     return inner_capital or (any(c.isdigit() for c in token) and len(token) >= 6)
 
 
