@@ -4,8 +4,11 @@
   text tokens per page for English and Korean text, OCR character error rate per
   density setting (compaction.bench_render);
 - ``ladder``: per-rung token savings on each real sample transcript with zero model
-  calls (compaction.bench_ladder; it reads ../shared/samples in place, so run it from
-  the project root, as make does).
+  calls, and how many elided results a later message refers to
+  (compaction.bench_ladder; it reads ../shared/samples in place, so run it from the
+  project root, as make does);
+- ``calibration``: the estimator's learned factor after a 20-turn tool-using chat on the
+  loopback provider, against the provider's true count (compaction.bench_calibration).
 
 One JSON object per line on stdout.
 """
@@ -17,7 +20,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from compaction import bench_ladder, bench_render
+from compaction import bench_calibration, bench_ladder, bench_render
 
 
 class Command(BaseCommand):
@@ -33,3 +36,5 @@ class Command(BaseCommand):
         self.stdout.write(json.dumps({"render": bench_render.run(ocr_pages=options["ocr_pages"])}))
         self.stderr.write("running the ladder on the samples…")
         self.stdout.write(json.dumps({"ladder": bench_ladder.run()}))
+        self.stderr.write("a 20-turn tool-using chat on the loopback provider…")
+        self.stdout.write(json.dumps({"calibration": bench_calibration.run()}))
