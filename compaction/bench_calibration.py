@@ -51,7 +51,7 @@ def run(turn_count: int = TURNS) -> dict[str, Any]:
         return original_observe(model_id=model_id, raw_estimate=raw_estimate, measured=measured)
 
     turns.make_provider = provider  # type: ignore[assignment]
-    compaction.calibration_observe = observe  # type: ignore[assignment]
+    compaction.calibration_observe = observe
     try:
         conv = services.conversation_create(owner=user, title="calibration", model=MODEL)
         for n in range(turn_count):
@@ -67,7 +67,7 @@ def run(turn_count: int = TURNS) -> dict[str, Any]:
         row = ModelCalibration.objects.get(model=MODEL)
     finally:
         turns.make_provider = original_make
-        compaction.calibration_observe = original_observe  # type: ignore[assignment]
+        compaction.calibration_observe = original_observe
         fake.stop()
         for owned in user.conversations.all():
             services.conversation_delete(conversation=owned)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import json
 import operator
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,12 +82,23 @@ def _calculator(ctx: ToolContext, args: dict[str, Any]) -> str:
     return str(value)
 
 
+# A recall id as a snapshot page header shows it: the last 12 hex digits of a message id.
+_RECALL_ID = re.compile(r"^[0-9a-f]{12}$")
+
+
 def _recall(ctx: ToolContext, args: dict[str, Any]) -> str:
-    """The full original of a message, e.g. a tool result that compaction elided."""
+    """The full original of a message, e.g. a tool result that compaction elided: by
+    its full id, or by the recall id a snapshot page header shows (its last 12 hex
+    digits, unique within the conversation)."""
+    given = str(args.get("message_id") or "").strip().lower()
     try:
-        mid = uuid.UUID(str(args.get("message_id")))
-        message = Message.objects.get(pk=mid, conversation__owner_id=ctx.conversation.owner_id)
-    except (ValueError, Message.DoesNotExist):
+        if _RECALL_ID.match(given):
+            message = Message.objects.get(conversation=ctx.conversation, id__endswith=given)
+        else:
+            message = Message.objects.get(
+                pk=uuid.UUID(given), conversation__owner_id=ctx.conversation.owner_id
+            )
+    except (ValueError, Message.DoesNotExist, Message.MultipleObjectsReturned):
         raise ToolFailed(f"no such message: {args.get('message_id')!r}") from None
     return json.dumps(
         {"id": str(message.id), "role": message.role, "parts": message.parts},
@@ -114,7 +126,8 @@ TOOLS: dict[str, Tool] = {
             ToolSpec(
                 "recall",
                 "Fetch the full original of an earlier message by its id, for example a "
-                "tool result shown as '[elided tool result <id>: N chars]'.",
+                "tool result shown as '[elided tool result <id>: N chars]', or by the "
+                "12-character id a snapshot page shows in a message's header.",
                 {
                     "type": "object",
                     "properties": {"message_id": {"type": "string"}},

@@ -302,3 +302,25 @@ class TooLargeTests(Base):
         assert body["error"] == "context_overflow"
         assert FAKE.requests == []
         assert not CompactionRecord.objects.filter(conversation=conv).exists()
+
+
+class RecallTests(Base):
+    def test_the_recall_tool_takes_a_full_id_or_the_page_headers_recall_id(self) -> None:
+        from compaction.render.engine import recall_id
+        from conversations.tools import ToolContext, run_tool
+
+        conv = services.conversation_create(owner=self.user, title="t")
+        grow(conv, 2)
+        other = services.conversation_create(owner=self.user, title="other")
+        grow(other, 1)
+        target = Message.objects.filter(conversation=conv, role="tool").first()
+        assert target is not None
+        context = ToolContext(conversation=conv)
+        for given in (str(target.pk), recall_id(str(target.pk)), recall_id(str(target.pk)).upper()):
+            out, is_error = run_tool("recall", {"message_id": given}, context)
+            assert not is_error and json.loads(out)["id"] == str(target.pk), given
+        # A recall id names a message of this conversation only.
+        elsewhere = Message.objects.filter(conversation=other).first()
+        assert elsewhere is not None
+        out, is_error = run_tool("recall", {"message_id": recall_id(str(elsewhere.pk))}, context)
+        assert is_error and "no such message" in out

@@ -366,8 +366,10 @@ def test_it_starts_each_message_with_an_inverted_role_and_id_header() -> None:
     (page,) = render_pages(segments).pages
     row = page.drawn[0]
     inverted = "".join(chr(ord(c) - INVERT) if ord(c) >= INVERT else "|" for c in row)
-    assert " user 3f2a1b2c… " in inverted and " assistant msg_02 " in inverted
-    assert readable(row) == " user 3f2a1b2c… hello assistant msg_02 hi there"
+    # The header's id is the recall id: the last 12 characters (imported ids share
+    # their first ones within a conversation).
+    assert " user c3d4e5f60718 " in inverted and " assistant msg_02 " in inverted
+    assert readable(row) == " user c3d4e5f60718 hello assistant msg_02 hi there"
     assert page.first_message_id == segments[0].message_id
     assert page.last_message_id == "msg_02"
     assert page.text == (

@@ -33,7 +33,7 @@ from compaction.render.profiles import DENSITIES, PageProfile, page_profile
 from conversations.providers.billing import image_tokens
 
 # Bump when the pixels for the same text and settings change (layout, fonts, marks).
-RENDERER_VERSION = "3"
+RENDERER_VERSION = "4"
 
 # A row wraps at the last space within this many cells of the edge, else mid-word.
 WRAP_CELLS = 16
@@ -417,13 +417,20 @@ def _page_text(
     return "\n".join(portions), chars, first, last
 
 
+# Characters of a message id a header shows: its last 12, the recall id. The leading
+# characters are no good: imported ids share a per-conversation prefix (ordered ids).
+RECALL_ID_CHARS = 12
+
+
+def recall_id(message_id: str) -> str:
+    """The short id a page header shows and the recall tool accepts: the last 12
+    characters of a long id (random bits in every id Arbor makes), a short id whole."""
+    return message_id[-RECALL_ID_CHARS:]
+
+
 def _header_label(segment: SegmentLike) -> str:
-    # Ids are cut to 8 characters (enough to tell messages apart on a page; the full id
-    # is in RenderedPage.text) so a header never takes more than ~30 cells.
-    role, ident = segment.role[:16], segment.message_id
-    if len(ident) > 12:
-        ident = ident[:8] + "…"
-    return f" {role} {ident} "
+    # A header never takes more than ~30 cells; the full id is in RenderedPage.text.
+    return f" {segment.role[:16]} {recall_id(segment.message_id)} "
 
 
 def _inverted(label: str) -> str:
