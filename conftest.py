@@ -9,3 +9,11 @@ from pathlib import Path
 os.environ.setdefault("SECRET_KEY", "test-only-secret-key-not-for-production")
 os.environ.setdefault("SECURE_COOKIES", "0")
 (Path(__file__).resolve().parent / "var").mkdir(exist_ok=True)
+
+
+def pytest_configure(config: object) -> None:
+    # Background jobs without a broker run inside the call that queued them, so a test
+    # sees them done; tests of the worker-thread default override the setting.
+    from django.conf import settings
+
+    settings.ARBOR_INPROCESS_JOBS = "inline"

@@ -140,6 +140,13 @@ CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 600)
 CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 540)
+# Without a broker, where background jobs (compaction, imports queued from a request)
+# run: "thread" (a worker thread of the web process: the request that queued the job is
+# answered at once, as with a real worker) or "inline" (inside the request; the test
+# suite's default, where every job is done when the call returns).
+ARBOR_INPROCESS_JOBS = env_str("ARBOR_INPROCESS_JOBS", "thread")
+if ARBOR_INPROCESS_JOBS not in ("thread", "inline"):
+    raise ImproperlyConfiguredEnv("ARBOR_INPROCESS_JOBS must be thread or inline")
 
 # Limits on what a client may send. Bytes, pixels, counts.
 ARBOR_MAX_BLOB_BYTES = env_int("ARBOR_MAX_BLOB_BYTES", 10 * 1024 * 1024)

@@ -744,6 +744,7 @@ def job_enqueue(
 ) -> CompactionJob | None:
     """Queue a compaction after the current transaction commits. One open job per
     anchor and model: a second call while one is queued or running does nothing."""
+    from arbor.jobs import job_dispatch
     from compaction.tasks import run_compaction_job
 
     open_job = CompactionJob.objects.filter(
@@ -758,8 +759,8 @@ def job_enqueue(
         conversation=conversation, anchor_id=anchor_id, model=model_id, trigger=trigger
     )
     # Robust: a job that fails records it on its row (job_run), and the request that
-    # queued it (it runs inside that request without a broker) must not fail with it.
-    transaction.on_commit(lambda: run_compaction_job.delay(str(job.pk)), robust=True)
+    # queued it (it may run inside that request without a broker) must not fail with it.
+    transaction.on_commit(lambda: job_dispatch(run_compaction_job, str(job.pk)), robust=True)
     return job
 
 

@@ -144,8 +144,9 @@ def context_panel(request: HttpRequest, cid: str) -> HttpResponse:
 @login_required
 @require_POST
 def compact(request: HttpRequest, cid: str) -> HttpResponseBase:
-    """Compact now: queue a job for the current tip (without a broker it runs inside
-    this request). HTMX gets the job's fragment, which polls until the job is done."""
+    """Compact now: queue a job for the current tip and answer at once (a worker, or
+    without a broker a worker thread, runs it). HTMX gets the job's fragment, which
+    polls until the job is done."""
     conversation = conversation_or_404(request, cid)
     if conversation.tip_id is None:
         return HttpResponse("nothing to compact yet", status=400, content_type="text/plain")

@@ -755,15 +755,16 @@ def api_token_revoke(*, user: User, token_id: int) -> None:
 
 def import_job_create(*, owner: User, upload: Any, format: str = "auto") -> Any:
     """Keep the uploaded file and queue its import after the transaction commits."""
+    from arbor.jobs import job_dispatch
     from conversations.models import ImportJob
     from conversations.tasks import run_import_job
 
     job = ImportJob(owner=owner, filename=str(upload.name)[:255], format=format)
     job.upload.save(f"{uuid.uuid4()}.upload", upload, save=False)
     job.save()
-    # Robust: the job records its own failure, and without a broker it runs inside the
-    # upload's request, which must still answer with the job page.
-    transaction.on_commit(lambda: run_import_job.delay(str(job.pk)), robust=True)
+    # Robust: the job records its own failure, and when it runs inside the upload's
+    # request (no broker, inline jobs) that request must still answer with the job page.
+    transaction.on_commit(lambda: job_dispatch(run_import_job, str(job.pk)), robust=True)
     return job
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import datetime
 import re
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -14,7 +16,7 @@ from unittest import mock
 
 import pytest
 from django.db import connection
-from django.test import Client, TestCase, TransactionTestCase
+from django.test import Client, TestCase, TransactionTestCase, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -542,3 +544,43 @@ class CompactNowWithoutBrokerTests(TransactionTestCase):
         assert job.state == JobState.FAILED and "nowhere" in job.error
         body = response.content.decode()
         assert 'class="job failed"' in body and 'role="alert"' in body
+
+
+class CompactNowOnAWorkerThreadTests(TransactionTestCase):
+    """The default without a broker: the POST is answered at once, and a worker thread
+    of the process runs the job (legibility measurement included) after it."""
+
+    def test_the_post_answers_before_the_job_runs_and_the_job_finishes_after(self) -> None:
+        alice = make_user("alice")
+        conv = services.conversation_create(owner=alice, title="agent", model=VISION)
+        grow(conv, 12, result_chars=1200, error=True)
+        self.client.force_login(alice)
+        started, release = threading.Event(), threading.Event()
+        real = compaction.job_run
+
+        def held(*, job: CompactionJob) -> Any:
+            started.set()
+            release.wait(30)
+            return real(job=job)
+
+        with (
+            override_settings(ARBOR_INPROCESS_JOBS="thread"),
+            mock.patch("compaction.services.job_run", side_effect=held),
+        ):
+            response = self.client.post(f"/c/{conv.pk}/compact/", headers={"HX-Request": "true"})
+            assert response.status_code == 200, response.content
+            assert started.wait(10), "no worker thread picked the job up"
+            job = CompactionJob.objects.get(conversation=conv)
+            # The response is out while the job is still running.
+            assert job.state == JobState.RUNNING
+            assert 'class="job running"' in response.content.decode() or (
+                'class="job queued"' in response.content.decode()
+            )
+            release.set()
+            deadline = time.monotonic() + 60
+            while job.state not in (JobState.DONE, JobState.FAILED):
+                assert time.monotonic() < deadline, job.progress
+                time.sleep(0.1)
+                job.refresh_from_db()
+        assert job.state == JobState.DONE, job.error
+        assert CompactionRecord.objects.filter(conversation=conv, status="ready").exists()
