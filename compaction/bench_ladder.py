@@ -16,6 +16,7 @@ The samples and their loaders live with the tests (tests/sample_loaders.py): the
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import itertools
 import json
@@ -26,7 +27,7 @@ from dataclasses import replace
 from typing import Any
 
 from compaction.estimate import usage_pairs
-from compaction.ladder import ContextView, ModelInfo, RenderFn, run_ladder
+from compaction.ladder import ContextView, ModelInfo, RenderFn, page_parts, run_ladder
 
 BUDGET_SHARE = 0.25
 MODEL = ModelInfo(context_window=200_000, max_output=8_192, vision=True, image_billing="claude")
@@ -170,7 +171,82 @@ def elision_check(messages: list[dict[str, Any]], elided: list[str]) -> dict[str
     }
 
 
-def run(*, budget_share: float = BUDGET_SHARE, min_messages: int = 20) -> dict[str, Any]:
+# Exact tokens a model must copy back (a recall id, a path to open, a call to answer).
+TOKEN_KINDS = {
+    "numbers": re.compile(r"(?<![\w.])\d{2,}(?![\w])"),
+    "paths": re.compile(r"(?:[\w.-]+/)+[\w.-]+"),
+    "hex": re.compile(
+        r"(?<![\w-])(?=[0-9a-f-]*\d)(?=[0-9a-f-]*[a-f])[0-9a-f]{8,}(?:-[0-9a-f]{4,})*(?![\w-])"
+    ),
+    "call_ids": re.compile(r"\b(?:toolu|call)_[A-Za-z0-9]{6,}\b"),
+}
+EXACT_GOAL_PCT = 98.0
+CER_GOAL_PCT = 2.0
+
+
+def _ocr_one(page: Any) -> str:
+    from compaction.render.ocr import ocr_image
+
+    return ocr_image(page.png, row_boxes=page.row_boxes) or ""
+
+
+def legibility(pages: list[Any]) -> dict[str, Any] | None:
+    """Tesseract's reading of snapshot pages the ladder made: the share of each kind of
+    exact token on them that comes back character for character (rows joined, so a
+    token wrapped across rows still counts), and the character error rate. None
+    without tesseract."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from compaction.render import tesseract_available
+    from compaction.render.ocr import cer, reference_text
+
+    if not pages or not tesseract_available("eng"):
+        return None
+    with ThreadPoolExecutor(2) as pool:  # tesseract runs as a subprocess
+        readings = list(pool.map(_ocr_one, pages))
+    found = {kind: [0, 0] for kind in TOKEN_KINDS}
+    errors = []
+    for page, reading in zip(pages, readings, strict=True):
+        reference = reference_text(page)
+        errors.append(cer(reference, reading))
+        drawn, read = reference.replace("\n", ""), re.sub(r"\s+", "", reading)
+        for kind, pattern in TOKEN_KINDS.items():
+            for token in set(pattern.findall(drawn)):
+                found[kind][1] += 1
+                found[kind][0] += token in read
+    exact = {
+        kind: {
+            "tokens": total,
+            "exact_pct": round(100 * hit / total, 1) if total else None,
+            "met": (100 * hit / total >= EXACT_GOAL_PCT) if total else None,
+        }
+        for kind, (hit, total) in found.items()
+    }
+    mean = 100 * statistics.mean(errors)
+    return {
+        "pages": len(pages),
+        "exact": exact,
+        "exact_goal_pct": EXACT_GOAL_PCT,
+        "cer_mean_pct": round(mean, 2),
+        "cer_max_pct": round(100 * max(errors), 2),
+        "cer_goal_pct": CER_GOAL_PCT,
+        "cer_met": mean <= CER_GOAL_PCT,
+    }
+
+
+def _capturing(render: RenderFn, drawn: dict[str, Any]) -> RenderFn:
+    def capture(segments: Any, **options: Any) -> Any:
+        result = render(segments, **options)
+        for page in result.pages:
+            drawn[hashlib.sha256(page.png).hexdigest()] = page
+        return result
+
+    return capture
+
+
+def run(
+    *, budget_share: float = BUDGET_SHARE, min_messages: int = 20, ocr_pages: int = 4
+) -> dict[str, Any]:
     from tests.sample_loaders import load_samples
 
     renderer_name, render = _renderer()
@@ -199,7 +275,8 @@ def run(*, budget_share: float = BUDGET_SHARE, min_messages: int = 20) -> dict[s
             model=MODEL,
             blob_sizes=sample.blob_sizes,
         )
-        result = run_ladder(view, render=render)
+        drawn: dict[str, Any] = {}
+        result = run_ladder(view, render=_capturing(render, drawn))
         seconds = time.perf_counter() - started
         # The most the free rungs can do: a budget nothing fits, so every rung runs and
         # the tail shrinks to its minimum.
@@ -217,6 +294,8 @@ def run(*, budget_share: float = BUDGET_SHARE, min_messages: int = 20) -> dict[s
             }
             for report in result.reports
         ]
+        pages = [drawn[p["blob"]] for p in page_parts(result.view) if p["blob"] in drawn]
+        sampled = pages[:: max(1, len(pages) // ocr_pages)][:ocr_pages] if ocr_pages else []
         elision = next((r for r in result.reports if r.rung == "elision"), None)
         elided = [r.message_id for r in elision.replaced] if elision else []
         out["samples"][sample.name] = {
@@ -234,6 +313,7 @@ def run(*, budget_share: float = BUDGET_SHARE, min_messages: int = 20) -> dict[s
             "cut_pct": round(100 * (1 - final / original), 1),
             "max_cut_pct": round(100 * (1 - floor / original), 1),
             "fits": result.fits,
+            "legibility": legibility(sampled) if renderer_name == "compaction.render" else None,
             "model_calls": result.model_calls,
             "seconds": round(seconds, 3),
         }

@@ -35,6 +35,7 @@ class Command(BaseCommand):
         self.stderr.write("rendering and OCR…")
         self.stdout.write(json.dumps({"render": bench_render.run(ocr_pages=options["ocr_pages"])}))
         self.stderr.write("running the ladder on the samples…")
-        self.stdout.write(json.dumps({"ladder": bench_ladder.run()}))
+        ladder = bench_ladder.run(ocr_pages=options["ocr_pages"])
+        self.stdout.write(json.dumps({"ladder": ladder}))
         self.stderr.write("a 20-turn tool-using chat on the loopback provider…")
         self.stdout.write(json.dumps({"calibration": bench_calibration.run()}))
