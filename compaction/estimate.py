@@ -198,6 +198,9 @@ ALPHA_DOWN = 0.2
 # fixed overheads the estimate models least well) barely moves the factor; a 20,000-
 # token agent request moves it almost fully.
 WEIGHT_TOKENS = 2000
+# However far off one observation is, it moves the factor by at most this ratio: a
+# provider's odd count (or a bogus overflow message) cannot pin every later request.
+MAX_STEP = 1.25
 
 
 def _bounded(factor: float) -> float:
@@ -210,8 +213,8 @@ class Calibration:
 
     ``observe`` folds in measured usage: a moving average of measured / raw estimate
     (each ratio bounded to [0.5, 4]) weighted by the request's size, starting from a
-    prior of 1.0, and never below 1.0 after the provider reported more than the raw
-    estimate. ``after_overflow`` folds in the numbers of a rejected request: the factor
+    prior of 1.0, one observation moving it by at most ``MAX_STEP``, and never below
+    1.0 after the provider reported more than the raw estimate. ``after_overflow`` folds in the numbers of a rejected request: the factor
     becomes at least measured / raw, so the same payload is never again estimated below
     what the provider counted.
     """
@@ -235,6 +238,7 @@ class Calibration:
         alpha = ALPHA_UP if ratio > self.factor else ALPHA_DOWN
         alpha = max(alpha, 1.0 / (self.samples + 1)) * weight
         factor = self.factor + alpha * (ratio - self.factor)
+        factor = min(self.factor * MAX_STEP, max(self.factor / MAX_STEP, factor))
         if ratio > 1.0:
             # Undercounting overflows windows: never stay below the provider's count.
             factor = max(factor, 1.0)

@@ -90,10 +90,13 @@ def calibration_overflow(
     *, model_id: str, raw_estimate: int, measured: int | None, limit: int | None
 ) -> Calibration:
     """Learn from a ContextOverflow: the provider counted ``measured`` for a request we
-    estimated at ``raw_estimate``, and its window is ``limit``."""
+    estimated at ``raw_estimate``, and its window is ``limit``. What is kept is one more
+    (bounded) observation: the retry itself takes the rejected request's own ratio
+    (ladder.reactive), but one odd overflow message must not pin the factor for every
+    later request of the model."""
     calibration, reported = calibration_get(model_id)
     if measured:
-        calibration = calibration.after_overflow(raw_estimate, measured)
+        calibration = calibration.observe(raw_estimate, measured)
     _calibration_save(model_id, calibration, reported_limit=limit or reported)
     return calibration
 

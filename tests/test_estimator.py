@@ -144,9 +144,16 @@ class TestParts:
 
 class TestCalibration:
     def test_a_large_first_request_moves_it_most_of_the_way(self):
-        cal = Calibration().observe(40_000, 52_000)
-        assert cal.factor == pytest.approx(1.0 + 0.3 * 40_000 / 42_000)
+        cal = Calibration().observe(40_000, 48_000)
+        assert cal.factor == pytest.approx(1.0 + 0.2 * 40_000 / 42_000)
         assert cal.samples == 1
+
+    def test_one_observation_moves_it_a_bounded_step(self):
+        # "prompt is too long: 250000 tokens > 200000" on a small conversation.
+        once = Calibration().observe(60_000, 250_000)
+        assert once.factor == pytest.approx(estimate.MAX_STEP)
+        down = Calibration(factor=2.0, samples=0).observe(60_000, 30_000)
+        assert down.factor == pytest.approx(2.0 / estimate.MAX_STEP)
 
     def test_a_small_request_barely_moves_it(self):
         # "Hi!" with three tool definitions: a hundred tokens of mostly fixed overhead.
@@ -167,8 +174,11 @@ class TestCalibration:
         assert cal.factor >= 1.0
 
     def test_it_is_bounded(self):
-        assert 3.9 < Calibration().observe(10**6, 10**8).factor <= estimate.MAX_FACTOR
-        assert estimate.MIN_FACTOR <= Calibration().observe(10**6, 100).factor < 0.51
+        high, low = Calibration(), Calibration()
+        for _ in range(20):
+            high, low = high.observe(10**6, 10**8), low.observe(10**6, 100)
+        assert 3.9 < high.factor <= estimate.MAX_FACTOR
+        assert estimate.MIN_FACTOR <= low.factor < 0.51
 
     def test_it_ignores_empty_measurements(self):
         cal = Calibration(factor=1.2, samples=3)

@@ -141,7 +141,9 @@ class RecoveryTests(Base):
         log = FAKE.requests
         rejected = [r for r in log if r.status == 400]
         assert len(rejected) == 1, [(r.status, r.prompt_tokens) for r in log]
-        retry = log[-1]
+        # The retry is the request right after the rejected one (a proactive job may
+        # follow the turn with requests of its own).
+        retry = log[log.index(rejected[0]) + 1]
         assert retry.status == 200 and (retry.prompt_tokens or 0) <= 4_500
         body = retry.body
         # The middle is still there as pages, never stripped as "images".
@@ -258,7 +260,7 @@ class CalibrationTests(Base):
     def test_a_small_request_moves_less_than_a_large_one(self) -> None:
         small = Calibration().observe(40, 160)
         large = Calibration().observe(20_000, 80_000)
-        assert small.factor < 1.2 < 3.0 < large.factor
+        assert small.factor < 1.1 < 1.2 <= large.factor
 
 
 class ProviderReadyTests(Base):
