@@ -214,9 +214,9 @@ class Calibration:
     ``observe`` folds in measured usage: a moving average of measured / raw estimate
     (each ratio bounded to [0.5, 4]) weighted by the request's size, starting from a
     prior of 1.0, one observation moving it by at most ``MAX_STEP``, and never below
-    1.0 after the provider reported more than the raw estimate. ``after_overflow`` folds in the numbers of a rejected request: the factor
-    becomes at least measured / raw, so the same payload is never again estimated below
-    what the provider counted.
+    1.0 after the provider reported more than the raw estimate. ``after_overflow`` folds
+    in the numbers of a rejected request: the factor becomes at least measured / raw, so
+    the same payload is never again estimated below what the provider counted.
     """
 
     factor: float = 1.0
