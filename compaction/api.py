@@ -9,13 +9,21 @@ from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
 
 from compaction import services
+from compaction.models import RecordStatus
 from conversations import selectors
-from conversations.errors import InvalidInput, NotFound
+from conversations.errors import ArborError, InvalidInput, NotFound
 from conversations.models import Message
 from conversations.providers import Request, request_body, resolve_model
 from conversations.tools import tools_for
 
 router = Router(tags=["compaction"])
+
+
+class CompactionFailed(ArborError):
+    """The ladder or its summary call failed (e.g. the provider is down)."""
+
+    status = 502
+    code = "compaction_failed"
 
 
 class ContextQuery(Schema):
@@ -72,12 +80,18 @@ def _context(request: HttpRequest, cid: str, query: ContextQuery, *, compact: bo
         allow_summary=query.summary,
         compact=compact,
     )
+    record = context.record
+    if record is not None and record.status == RecordStatus.FAILED:
+        # Never a 200 that looks like an empty context: say what failed (the failed
+        # record stays for the audit).
+        raise CompactionFailed(
+            f"compaction failed: {record.error}", record=str(record.pk), budget=context.budget
+        )
     body = request_body(
         spec,
         Request(messages=context.messages, system=conversation.system_prompt, tools=tools),
         load_blob=context.load_blob,
     )
-    record = context.record
     return {
         "model": spec.id,
         "provider": spec.provider,

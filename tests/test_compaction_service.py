@@ -129,8 +129,11 @@ class ContextTests(TestCase):
             return real(view, **options)
 
         with mock.patch("compaction.services.run_ladder", side_effect=boom):
-            failed = self.context(conv)
-        assert failed["record_status"] == "failed" and not failed["fits"]
+            response = self.api.post(f"/api/conversations/{conv.pk}/context?model=openai/textonly")
+        # Never a 200 that looks like an empty context: a 502 naming the failure.
+        assert response.status_code == 502, response.content
+        failed = response.json()
+        assert failed["error"] == "compaction_failed" and "boom" in failed["detail"]
         record = CompactionRecord.objects.get(pk=failed["record"])
         assert "boom" in record.error and record.view == []
         # The conversation works as before: the next call compacts afresh.
