@@ -21,7 +21,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from compaction.estimate import Calibration, Limits, as_message
+from compaction.estimate import Calibration, Limits, as_message, message_tokens
 from compaction.ladder import (
     CompactionError,
     ContextView,
@@ -711,12 +711,28 @@ def usage_observe(*, spec: ModelSpec, context: ContextResult, usage: Any) -> Non
 
 
 def compaction_enqueue_if_due(
-    *, conversation: Conversation, spec: ModelSpec, tip_id: uuid.UUID, tools: Sequence[Any] = ()
+    *,
+    conversation: Conversation,
+    spec: ModelSpec,
+    tip_id: uuid.UUID,
+    tools: Sequence[Any] = (),
+    last: ContextResult | None = None,
+    appended: Sequence[dict[str, Any]] = (),
 ) -> CompactionJob | None:
     """Proactive compaction: when the next request from ``tip_id`` crosses the threshold
     (it fits only after a rung, or not at all) and no record is there to reuse, build
     it in a job (a Celery worker, or in-process without a broker). The record the job
-    keeps is reused by the requests that follow, so their prefix stays the same."""
+    keeps is reused by the requests that follow, so their prefix stays the same.
+
+    ``last`` (the turn's last request, sent as the originals) plus ``appended`` (what
+    the turn added after it) answers the common case without reading the path again."""
+    view = last.view if last is not None else None
+    # The last request went out as the originals (no record, no rung beyond rung 0).
+    as_is = last is not None and last.record is None and not set(last.rungs) - {"image_limits"}
+    if as_is and view is not None:
+        upcoming_raw = view.raw_tokens + sum(message_tokens(m, rule=view.rule) for m in appended)
+        if view.calibration.apply(upcoming_raw) <= view.budget_tokens:
+            return None
     upcoming = context_build(
         conversation=conversation,
         spec=spec,

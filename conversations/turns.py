@@ -217,6 +217,7 @@ def turn_events(
                     tools=tool_specs,
                     trigger=Trigger.PROACTIVE,
                 )
+                sent_len = len(turn)  # the turn messages this request carries
                 report = context.resume
                 if report.changed and not reported_resume:
                     reported_resume = True
@@ -323,7 +324,12 @@ def turn_events(
         _attempt_finish(attempt, status=AttemptStatus.COMPLETED, tip=result.tip)
         finished = True
         compaction.compaction_enqueue_if_due(
-            conversation=conversation, spec=spec, tip_id=result.tip, tools=tool_specs
+            conversation=conversation,
+            spec=spec,
+            tip_id=result.tip,
+            tools=tool_specs,
+            last=context,
+            appended=turn[sent_len:],
         )
         yield {
             "event": "done",
