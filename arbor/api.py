@@ -27,7 +27,11 @@ api.add_router("/", compaction_router)
 
 @api.exception_handler(ArborError)
 def on_arbor_error(request: HttpRequest, exc: ArborError) -> HttpResponse:
-    return api.create_response(request, exc.as_dict(), status=exc.status)
+    response = api.create_response(request, exc.as_dict(), status=exc.status)
+    retry_after = exc.extra.get("retry_after")
+    if exc.status == 429 and isinstance(retry_after, int | float):
+        response["Retry-After"] = str(max(1, round(retry_after)))
+    return response
 
 
 @api.exception_handler(ValidationError)

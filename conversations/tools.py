@@ -79,7 +79,12 @@ def _calculator(ctx: ToolContext, args: dict[str, Any]) -> str:
         raise ToolFailed(f"not an arithmetic expression: {expression!r}") from None
     except ZeroDivisionError:
         raise ToolFailed("division by zero") from None
-    return str(value)
+    except OverflowError:  # e.g. 999999**100*1.0: an int too large for a float
+        raise ToolFailed("the result is too large") from None
+    try:
+        return str(value)
+    except ValueError:  # more digits than Python converts to text
+        raise ToolFailed("the result is too large to write out") from None
 
 
 # A recall id as a snapshot page header shows it: the last 12 hex digits of a message id.

@@ -499,11 +499,10 @@ def turn_drain(events: Iterator[dict[str, Any]]) -> TurnOutcome:
             outcome = event
         elif event["event"] == "error":
             status = {"rate_limited": 429, "context_overflow": 413}.get(event["error"], 502)
-            error = TurnFailed(
-                event["detail"],
-                code=event["error"],
-                attempt=event["attempt"],
-            )
+            # Everything the error said beyond its code and text (retry_after, the
+            # estimate of an oversized message) reaches the client too.
+            extra = {k: v for k, v in event.items() if k not in ("event", "error", "detail")}
+            error = TurnFailed(event["detail"], code=event["error"], **extra)
             error.status = status
             raise error
     return TurnOutcome(

@@ -327,3 +327,33 @@ class RecallTests(Base):
         assert elsewhere is not None
         out, is_error = run_tool("recall", {"message_id": recall_id(str(elsewhere.pk))}, context)
         assert is_error and "no such message" in out
+
+
+class CalculatorTests(Base):
+    def test_a_result_too_large_is_a_tool_error_not_a_failed_turn(self) -> None:
+        from conversations.tools import ToolContext, run_tool
+
+        conv = services.conversation_create(owner=self.user, title="t")
+        context = ToolContext(conversation=conv)
+        # A float overflow, and an integer of 4,800 digits (more than Python writes out).
+        for expression in ("999999**100*1.0", "*".join(["999999**100"] * 8)):
+            out, is_error = run_tool("calculator", {"expression": expression}, context)
+            assert is_error and "too large" in out, (expression, out)
+        assert run_tool("calculator", {"expression": "6*7"}, context) == ("42", False)
+
+
+class RateLimitTests(Base):
+    def test_a_429_keeps_retry_after_in_the_body_and_the_header(self) -> None:
+        conv = services.conversation_create(owner=self.user, title="t", model="openai/test")
+        # Longer than the client waits on its own: the turn fails with the provider's 429.
+        FAKE.push(Step.error(429, "slow down", retry_after=3600))
+        response = self.api.post(
+            f"/api/conversations/{conv.pk}/messages",
+            {"parts": text("hello?")},
+            content_type="application/json",
+        )
+        assert response.status_code == 429, response.content
+        body = response.json()
+        assert body["error"] == "rate_limited" and body["retry_after"] == 3600
+        assert response["Retry-After"] == "3600"
+        assert body["attempt"]  # the failed attempt, for a retry
