@@ -81,7 +81,15 @@ def database_from_url(url: str, *, base_dir: Path) -> dict[str, Any]:
             # per test process, so two runs side by side never share it.
             "TEST": {"NAME": str(base_dir / "var" / f"test-arbor-{os.getpid()}.sqlite3")},
             # Wait for a writer instead of failing at once with "database is locked".
-            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+            # WAL: readers never wait for the writer, and a commit appends to the log
+            # instead of rewriting pages. synchronous=NORMAL syncs at checkpoints, not
+            # at every commit: a killed process loses nothing it committed (the log is
+            # in the OS's hands); a power cut may lose the last commits, never corrupt.
+            "OPTIONS": {
+                "timeout": 20,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
         }
     if scheme in {"postgres", "postgresql", "pgsql"}:
         dbname = unquote(parts.path.lstrip("/"))

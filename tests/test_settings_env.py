@@ -72,3 +72,16 @@ def test_settings_refuse_to_start_without_a_secret_key() -> None:
     )
     assert proc.returncode != 0
     assert "SECRET_KEY must be set unless DEBUG=1" in proc.stderr
+
+
+@pytest.mark.django_db
+def test_the_sqlite_database_runs_in_wal_mode_with_normal_sync() -> None:
+    from django.db import connection
+
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite only: the PostgreSQL run checks its own settings")
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA journal_mode")
+        assert cursor.fetchone()[0] == "wal"
+        cursor.execute("PRAGMA synchronous")
+        assert cursor.fetchone()[0] == 1  # NORMAL
