@@ -393,8 +393,8 @@ def context_build(
         limits=_limits(spec),
         blob_sizes=_blob_sizes(originals),
     )
-    if pending:
-        _refuse_oversized_input(view, len(pending))
+    if pending and pending[0]["role"] == "user":
+        _refuse_oversized_input(view, len(originals) - len(pending))
 
     def answer(result: LadderResult, **extra: Any) -> ContextResult:
         fitted, inline = detach_pages(result.view)
@@ -500,10 +500,12 @@ def context_after_overflow(
     return _from_record(record, compacted, sent.resume)
 
 
-def _refuse_oversized_input(view: ContextView, pending: int) -> None:
-    """413 before any compaction when the system prompt, the tools and the turn in
-    memory are over the budget on their own: the ladder keeps the newest turn whole."""
-    fixed = replace(view, messages=view.messages[-pending:], source=())
+def _refuse_oversized_input(view: ContextView, at: int) -> None:
+    """413 before any compaction when the system prompt, the tools and the new user
+    message (``view.messages[at]``) are over the budget on their own: no rung shortens
+    a user's words, so nothing can make room (the rest of a long agent turn can still
+    be compacted)."""
+    fixed = replace(view, messages=view.messages[at : at + 1], source=())
     if fixed.estimate() > view.budget_tokens:
         raise InputTooLarge(
             f"the new message alone is about {fixed.estimate()} tokens, over the "
