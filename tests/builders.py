@@ -174,3 +174,16 @@ def bushy(size: int, seed: int = 5) -> list[int | None]:
     """A random recursive tree: each message answers a random earlier one."""
     rng = random.Random(seed)
     return [None] + [rng.randrange(i) for i in range(1, size)]
+
+
+def snapshot_page_blobs(conv: Conversation) -> set[str]:
+    """The blobs of every snapshot page in the conversation's compaction records."""
+    from compaction.models import CompactionRecord
+
+    return {
+        p["blob"]
+        for r in CompactionRecord.objects.filter(conversation=conv)
+        for m in r.view
+        for p in m["parts"]
+        if "snapshot_page" in p
+    }

@@ -21,7 +21,7 @@ from compaction.models import CompactionJob, CompactionRecord, JobState
 from conversations import services
 from conversations.models import Message
 from conversations.providers.fake import FakeLLMServer, Step, count_openai_request
-from tests.builders import grow, make_user
+from tests.builders import grow, make_user, snapshot_page_blobs
 from tests.fake_models import child_env
 from tests.test_asgi_streaming import ROOT, free_port
 
@@ -123,13 +123,7 @@ class LiveLadderTests(TransactionTestCase):
         assert retry.status == 200 and (retry.prompt_tokens or 0) <= counted - 20
         sent = json.dumps(retry.body["messages"])
         assert "data:image/png;base64," in sent  # the middle is still there, as pages
-        pages = {
-            p["blob"]
-            for r in CompactionRecord.objects.filter(conversation=conv)
-            for m in r.view
-            for p in m["parts"]
-            if "snapshot_page" in p
-        }
+        pages = snapshot_page_blobs(conv)
         assert pages and not any(f"[image {sha}" in sent for sha in pages)
         assert json.dumps(rejected[0].body, sort_keys=True) != json.dumps(
             retry.body, sort_keys=True

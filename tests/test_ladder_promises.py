@@ -27,7 +27,7 @@ from compaction.models import CompactionRecord, ModelCalibration
 from conversations import services
 from conversations.models import Blob, Conversation, Message
 from conversations.providers.fake import FakeLLMServer, Step, count_openai_request
-from tests.builders import grow, make_user, text
+from tests.builders import grow, make_user, snapshot_page_blobs, text
 from tests.fake_models import serve_fake_models
 
 FAKE = FakeLLMServer(context_window=12_000)
@@ -149,13 +149,7 @@ class RecoveryTests(Base):
         body = retry.body
         # The middle is still there as pages, never stripped as "images".
         assert images_in(body), "the retry lost the snapshot pages"
-        page_blobs = {
-            p["blob"]
-            for r in CompactionRecord.objects.filter(conversation=conv)
-            for m in r.view
-            for p in m["parts"]
-            if "snapshot_page" in p
-        }
+        page_blobs = snapshot_page_blobs(conv)
         for sha in page_blobs:
             assert f"[image {sha}" not in sent_texts(body)
         record = CompactionRecord.objects.get(conversation=conv, trigger="reactive")
@@ -203,20 +197,26 @@ class ReadOnlyGetTests(Base):
 
 
 class ImageTests(Base):
-    def test_a_model_without_vision_never_receives_an_image(self) -> None:
-        conv = services.conversation_create(owner=self.user, title="t", model="openai/blind")
-        blob = services.blob_store(owner=self.user, data=noise_png(64, 48))
+    def shown(self, conv: Conversation, data: bytes, words: str) -> Blob:
+        """A first turn: the user shows an image (stored as a blob) with ``words``."""
+        blob = services.blob_store(owner=self.user, data=data)
         image = {"type": "image", "blob": blob.sha256, "mime": "image/png"}
-        self.api.post(
+        response = self.api.post(
             f"/api/conversations/{conv.pk}/turns",
             {
                 "parent": None,
                 "expected_version": 0,
-                "messages": [{"role": "user", "parts": [*text("this chart"), image]}],
+                "messages": [{"role": "user", "parts": [*text(words), image]}],
             },
             content_type="application/json",
         )
+        assert response.status_code == 201, response.content
         conv.refresh_from_db()
+        return blob
+
+    def test_a_model_without_vision_never_receives_an_image(self) -> None:
+        conv = services.conversation_create(owner=self.user, title="t", model="openai/blind")
+        blob = self.shown(conv, noise_png(64, 48), "this chart")
         self.chat(conv, "what does it show?")
         body = FAKE.requests[-1].body
         assert images_in(body) == []
@@ -227,18 +227,7 @@ class ImageTests(Base):
         FAKE.windows["test"] = 12_000
         data = noise_png(1400, 1400)
         assert len(data) > 5 * 1024 * 1024  # over Anthropic's 5 MB an image
-        blob = services.blob_store(owner=self.user, data=data)
-        image = {"type": "image", "blob": blob.sha256, "mime": "image/png"}
-        self.api.post(
-            f"/api/conversations/{conv.pk}/turns",
-            {
-                "parent": None,
-                "expected_version": 0,
-                "messages": [{"role": "user", "parts": [*text("this photo"), image]}],
-            },
-            content_type="application/json",
-        )
-        conv.refresh_from_db()
+        blob = self.shown(conv, data, "this photo")
         self.chat(conv, "describe it")
         [sent] = FAKE.requests
         assert sent.status == 200
