@@ -423,7 +423,7 @@ def context_build(
             return answer(result, record=record, reused=True)
     if not compact:
         if free.fits or not preview_pages:
-            return answer(free, needs_summary=not free.fits)
+            return answer(free)  # (without a preview, whether pages would do is unknown)
         preview = run_ladder(view, render=renderer_for(spec), shrink=shrink)
         return answer(preview, needs_summary=not preview.fits)
     if tip_id is None:
