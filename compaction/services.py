@@ -764,7 +764,11 @@ def job_enqueue(
     *, conversation: Conversation, anchor_id: uuid.UUID, model_id: str, trigger: str
 ) -> CompactionJob | None:
     """Queue a compaction after the current transaction commits. One open job per
-    anchor and model: a second call while one is queued or running does nothing."""
+    anchor and model: a second call while one is queued or running does nothing, unless
+    that job is stranded (its worker died with the lease expired, or it has waited in
+    the queue past ``JOB_REQUEUE_SECONDS``: a lost send, a server killed before its
+    thread took the job); then it is sent again, and returned. The claim is a guarded
+    UPDATE, so a job sent twice still runs once."""
     from arbor.jobs import job_dispatch
     from compaction.tasks import run_compaction_job
 
@@ -775,7 +779,11 @@ def job_enqueue(
         state__in=[JobState.QUEUED, JobState.RUNNING],
     ).first()
     if open_job is not None:
-        return None
+        if not _stranded(open_job):
+            return None
+        stranded = str(open_job.pk)
+        transaction.on_commit(lambda: job_dispatch(run_compaction_job, stranded), robust=True)
+        return open_job
     job = CompactionJob.objects.create(
         conversation=conversation, anchor_id=anchor_id, model=model_id, trigger=trigger
     )
@@ -783,6 +791,17 @@ def job_enqueue(
     # queued it (it may run inside that request without a broker) must not fail with it.
     transaction.on_commit(lambda: job_dispatch(run_compaction_job, str(job.pk)), robust=True)
     return job
+
+
+# A queued job nobody took after this long is sent again (see job_enqueue).
+JOB_REQUEUE_SECONDS = 60
+
+
+def _stranded(job: CompactionJob) -> bool:
+    now = timezone.now()
+    if job.state == JobState.RUNNING:
+        return job.lease_until is not None and job.lease_until < now
+    return now - job.updated_at > timedelta(seconds=JOB_REQUEUE_SECONDS)
 
 
 def job_claim(*, job_id: Any, lease_seconds: int) -> CompactionJob | None:

@@ -584,3 +584,51 @@ class CompactNowOnAWorkerThreadTests(TransactionTestCase):
                 job.refresh_from_db()
         assert job.state == JobState.DONE, job.error
         assert CompactionRecord.objects.filter(conversation=conv, status="ready").exists()
+
+
+class StrandedJobTests(TestCase):
+    """A job whose worker died (or whose send was lost) is sent again by the next
+    "Compact now", and still runs once."""
+
+    def setUp(self) -> None:
+        self.alice = make_user("alice")
+        self.conv = services.conversation_create(owner=self.alice, title="agent", model=VISION)
+        grow(self.conv, 12, result_chars=1200, error=True)
+        assert self.conv.tip_id is not None
+        self.tip = self.conv.tip_id
+
+    def enqueue(self) -> CompactionJob | None:
+        with self.captureOnCommitCallbacks(execute=True):
+            return compaction.job_enqueue(
+                conversation=self.conv, anchor_id=self.tip, model_id=VISION,
+                trigger=Trigger.MANUAL,
+            )  # fmt: skip
+
+    def stuck(self, **fields: Any) -> CompactionJob:
+        job = CompactionJob.objects.create(
+            conversation=self.conv, anchor_id=self.tip, model=VISION, trigger="manual"
+        )
+        CompactionJob.objects.filter(pk=job.pk).update(**fields)
+        return job
+
+    def test_a_job_running_past_its_lease_is_run_again(self) -> None:
+        past = timezone.now() - datetime.timedelta(minutes=1)
+        job = self.stuck(state=JobState.RUNNING, attempts=1, lease_until=past)
+        assert self.enqueue() == job
+        job.refresh_from_db()
+        assert job.state == JobState.DONE and job.attempts == 2, job.error
+        assert CompactionJob.objects.filter(conversation=self.conv).count() == 1
+
+    def test_a_job_left_in_the_queue_is_sent_again(self) -> None:
+        old = timezone.now() - datetime.timedelta(seconds=compaction.JOB_REQUEUE_SECONDS + 5)
+        job = self.stuck(state=JobState.QUEUED, updated_at=old)
+        assert self.enqueue() == job
+        job.refresh_from_db()
+        assert job.state == JobState.DONE and job.attempts == 1, job.error
+
+    def test_a_job_that_is_running_is_left_alone(self) -> None:
+        later = timezone.now() + datetime.timedelta(minutes=5)
+        job = self.stuck(state=JobState.RUNNING, attempts=1, lease_until=later)
+        assert self.enqueue() is None
+        job.refresh_from_db()
+        assert job.state == JobState.RUNNING and job.attempts == 1
