@@ -627,6 +627,15 @@ def _map_images(
     return out, changed
 
 
+def _has_image(parts: Sequence[Part]) -> bool:
+    """Whether ``parts`` hold an ordinary image (also inside a tool result)."""
+    return any(
+        (p.get("type") == "image" and not is_page(p))
+        or (p.get("type") == "tool_result" and _has_image(p.get("parts") or ()))
+        for p in parts
+    )
+
+
 def strip_images(
     view: ContextView, *, k_turns: int = DEFAULT_K_TURNS, head_end: int = 0
 ) -> tuple[ContextView, RungReport]:
@@ -708,10 +717,7 @@ def fit_images(
     # Too many images, or too many bytes: drop the oldest ordinary images first.
     current = view.with_messages(messages)
     while any(v.limit in ("images", "request_bytes") for v in current.violations):
-        index = next(
-            (i for i, m in enumerate(messages) if _map_images(m["parts"], lambda p: p)[1]),
-            None,
-        )
+        index = next((i for i, m in enumerate(messages) if _has_image(m["parts"])), None)
         if index is None:
             break
         mid = messages[index]["id"]
