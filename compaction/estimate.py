@@ -310,12 +310,13 @@ class LimitViolation:
         return f"{self.limit}: {self.actual} > {self.allowed}{at}"
 
 
-def _images(parts: Iterable[Part]) -> Iterable[Part]:
+def iter_images(parts: Iterable[Part]) -> Iterable[Part]:
+    """Every image part among ``parts``, those inside tool results included."""
     for part in parts:
         if part.get("type") == "image":
             yield part
         elif part.get("type") == "tool_result":
-            yield from _images(part.get("parts") or ())
+            yield from iter_images(part.get("parts") or ())
 
 
 def image_bytes(part: Part, blob_sizes: Mapping[str, int]) -> int | None:
@@ -348,7 +349,7 @@ def check_limits(
     for message in messages:
         parts = attr(message, "parts", None) or ()
         mid = str(attr(message, "id", ""))
-        for image in _images(parts):
+        for image in iter_images(parts):
             count += 1
             size = image_bytes(image, sizes)
             if size is None:

@@ -59,6 +59,7 @@ from compaction.estimate import (
     compact_json,
     count_text_tokens,
     image_bytes,
+    iter_images,
     margin_tokens,
     message_tokens,
     part_tokens,
@@ -629,11 +630,7 @@ def _map_images(
 
 def _has_image(parts: Sequence[Part]) -> bool:
     """Whether ``parts`` hold an ordinary image (also inside a tool result)."""
-    return any(
-        (p.get("type") == "image" and not is_page(p))
-        or (p.get("type") == "tool_result" and _has_image(p.get("parts") or ()))
-        for p in parts
-    )
+    return any(not is_page(p) for p in iter_images(parts))
 
 
 def strip_images(

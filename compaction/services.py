@@ -11,7 +11,7 @@ import hashlib
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -21,7 +21,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from compaction.estimate import Calibration, Limits, as_message, message_tokens
+from compaction.estimate import Calibration, Limits, as_message, iter_images, message_tokens
 from compaction.ladder import (
     CompactionError,
     ContextView,
@@ -45,7 +45,7 @@ from compaction.models import (
 from conversations import services as tree_services
 from conversations.errors import ArborError
 from conversations.models import Blob, Conversation, Message
-from conversations.providers import ContextOverflow, ModelSpec, Request, make_provider
+from conversations.providers import ContextOverflow, ModelSpec, Request, ToolSpec, make_provider
 from conversations.resume import ResumeReport
 from conversations.tools import tools_for
 
@@ -251,6 +251,12 @@ def report_dict(report: RungReport) -> dict[str, Any]:
     }
 
 
+def compacts(rungs: Sequence[str]) -> bool:
+    """Whether any rung beyond rung 0 (fitting images to the provider) was applied:
+    the request is then no longer the originals, and worth keeping as a record."""
+    return bool(set(rungs) - {"image_limits"})
+
+
 def _covers(messages: Sequence[dict[str, Any]]) -> set[str]:
     return {
         str(mid)
@@ -301,17 +307,7 @@ def _limits(spec: ModelSpec) -> Limits:
 def _blob_sizes(messages: Sequence[dict[str, Any]]) -> dict[str, int]:
     """Bytes of every stored image on the path (one query), for the per-image and
     per-request byte limits."""
-    shas: set[str] = set()
-
-    def collect(parts: Sequence[dict[str, Any]]) -> None:
-        for part in parts:
-            if part.get("type") == "image" and part.get("blob"):
-                shas.add(str(part["blob"]))
-            elif part.get("type") == "tool_result":
-                collect(part.get("parts") or ())
-
-    for message in messages:
-        collect(message["parts"])
+    shas = {str(p["blob"]) for m in messages for p in iter_images(m["parts"]) if p.get("blob")}
     if not shas:
         return {}
     return dict(Blob.objects.filter(pk__in=shas).values_list("sha256", "size"))
@@ -319,19 +315,7 @@ def _blob_sizes(messages: Sequence[dict[str, Any]]) -> dict[str, int]:
 
 def tool_dicts(tools: Sequence[Any]) -> tuple[dict[str, Any], ...]:
     """Tool definitions as the estimator counts them (what the provider is sent)."""
-    out = []
-    for tool in tools:
-        if isinstance(tool, dict):
-            out.append(tool)
-        else:
-            out.append(
-                {
-                    "name": tool.name,
-                    "description": tool.description,
-                    "parameters": dict(tool.parameters),
-                }
-            )
-    return tuple(out)
+    return tuple(t if isinstance(t, dict) else asdict(ToolSpec.coerce(t)) for t in tools)
 
 
 def _originals(
@@ -409,7 +393,7 @@ def context_build(
 
     shrink = ImageShrinker()
     free = run_ladder(view, shrink=shrink)
-    if free.fits and not set(free.rungs) - {"image_limits"}:
+    if free.fits and not compacts(free.rungs):
         return answer(free)  # the originals fit (their images fitted to the provider)
     ids = [m["id"] for m in originals]
     record = _reusable_record(conversation, spec, ids, budget)
@@ -730,7 +714,7 @@ def compaction_enqueue_if_due(
     the turn added after it) answers the common case without reading the path again."""
     view = last.view if last is not None else None
     # The last request went out as the originals (no record, no rung beyond rung 0).
-    as_is = last is not None and last.record is None and not set(last.rungs) - {"image_limits"}
+    as_is = last is not None and last.record is None and not compacts(last.rungs)
     if as_is and view is not None:
         upcoming_raw = view.raw_tokens + sum(message_tokens(m, rule=view.rule) for m in appended)
         if view.calibration.apply(upcoming_raw) <= view.budget_tokens:
@@ -743,7 +727,7 @@ def compaction_enqueue_if_due(
         compact=False,
         preview_pages=False,
     )
-    if upcoming.reused or (upcoming.fits and not set(upcoming.rungs) - {"image_limits"}):
+    if upcoming.reused or (upcoming.fits and not compacts(upcoming.rungs)):
         return None
     return job_enqueue(
         conversation=conversation, anchor_id=tip_id, model_id=spec.id, trigger=Trigger.PROACTIVE

@@ -78,15 +78,6 @@ class TurnOutcome:
     resume: ResumeReport = field(default_factory=ResumeReport)
 
 
-# --- the transcript a model sees -----------------------------------------------------
-
-# Kept here for callers that know the engine; the query lives with the other tree reads.
-transcript_for_model = services.transcript_for_model
-
-
-load_blob = services.blob_read
-
-
 # --- attempts ------------------------------------------------------------------------
 
 
@@ -204,7 +195,7 @@ def turn_events(
         persisted: list[str] = []
         reported_resume = False
         told_record: Any = None
-        with make_provider(spec, load_blob=load_blob) as provider:
+        with make_provider(spec, load_blob=services.blob_read) as provider:
             for round_number in range(settings.ARBOR_MAX_TOOL_ROUNDS + 1):
                 # Every request goes through the one entry point into compaction: the
                 # archived path plus the turn so far, at the model's budget, with the

@@ -19,7 +19,7 @@ from conversations import services
 from conversations.models import Conversation, Message
 from conversations.providers import resolve_model
 from conversations.providers.fake import FakeLLMServer, Step
-from conversations.turns import transcript_for_model
+from conversations.services import transcript_for_model
 from tests.builders import grow, make_user, text
 from tests.fake_models import serve_fake_models
 

@@ -12,7 +12,7 @@ from django.test import TestCase
 from conversations.importers import transcript_import
 from conversations.models import Conversation, Message
 from conversations.resume import resume_view
-from conversations.turns import transcript_for_model
+from conversations.services import transcript_for_model
 from tests.builders import make_user
 
 

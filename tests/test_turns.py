@@ -22,7 +22,8 @@ from django.test import Client, TestCase, TransactionTestCase
 from conversations import selectors, services
 from conversations.models import Checkpoint, Conversation, Message, TurnAttempt
 from conversations.providers.fake import FakeLLMServer, Step
-from conversations.turns import attempt_is_stale, transcript_for_model
+from conversations.services import transcript_for_model
+from conversations.turns import attempt_is_stale
 from tests.builders import make_user, new_conversation, text, tool_turn
 from tests.fake_models import PROTOCOLS, child_env, serve_fake_models
 
