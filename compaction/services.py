@@ -318,18 +318,26 @@ def tool_dicts(tools: Sequence[Any]) -> tuple[dict[str, Any], ...]:
     return tuple(t if isinstance(t, dict) else asdict(ToolSpec.coerce(t)) for t in tools)
 
 
+# The archived path to a tip as a model may receive it, and what resume trimming did.
+Archived = tuple[list[dict[str, Any]], ResumeReport]
+
+
 def _originals(
     conversation: Conversation,
     tip_id: uuid.UUID | None,
     pending: Sequence[dict[str, Any]],
     *,
     drop_checkpoints: bool,
+    archived: Archived | None = None,
 ) -> tuple[list[dict[str, Any]], ResumeReport]:
-    """The archived path to ``tip_id`` (trimmed to a valid boundary) followed by the
-    turn still in memory, its messages named ``pending:<n>``."""
-    messages, resume = tree_services.transcript_for_model(
-        conversation=conversation, tip_id=tip_id, drop_checkpoints=drop_checkpoints
-    )
+    """The archived path to ``tip_id`` (trimmed to a valid boundary; ``archived`` when
+    the caller loaded it already) followed by the turn still in memory, its messages
+    named ``pending:<n>``."""
+    if archived is None:
+        archived = tree_services.transcript_for_model(
+            conversation=conversation, tip_id=tip_id, drop_checkpoints=drop_checkpoints
+        )
+    messages, resume = list(archived[0]), archived[1]
     messages += [
         {"id": f"{PENDING}{i}", "role": m["role"], "parts": m["parts"], "metadata": {}}
         for i, m in enumerate(pending)
@@ -343,6 +351,7 @@ def context_build(
     spec: ModelSpec,
     tip_id: uuid.UUID | None,
     pending: Sequence[dict[str, Any]] = (),
+    archived: Archived | None = None,
     tools: Sequence[Any] = (),
     budget: int | None = None,
     trigger: str = Trigger.MANUAL,
@@ -363,8 +372,13 @@ def context_build(
     ``compact=False`` only reads: no record, no blob, no dropped checkpoint, no model
     call. It answers with what the next request would be: the free rungs, a reusable
     record, or (with ``preview_pages``) the snapshot drawn in memory; when only a
-    summary would fit, ``needs_summary`` says so."""
-    originals, resume = _originals(conversation, tip_id, pending, drop_checkpoints=compact)
+    summary would fit, ``needs_summary`` says so.
+
+    ``archived`` is the path to ``tip_id`` as ``tree_services.transcript_for_model``
+    gives it, when the caller has it: the rounds of one turn load it once."""
+    originals, resume = _originals(
+        conversation, tip_id, pending, drop_checkpoints=compact, archived=archived
+    )
     calibration, reported = calibration_get(spec.id)
     budget = budget or model_budget(spec, reported)
     view = ContextView.build(

@@ -195,16 +195,25 @@ def turn_events(
         persisted: list[str] = []
         reported_resume = False
         told_record: Any = None
+        # The archived path below the turn, loaded once (again only after a rewind
+        # moves the turn's parent): every round adds only the turn in memory to it.
+        archived: tuple[uuid.UUID | None, Any] = (None, None)
         with make_provider(spec, load_blob=services.blob_read) as provider:
             for round_number in range(settings.ARBOR_MAX_TOOL_ROUNDS + 1):
                 # Every request goes through the one entry point into compaction: the
                 # archived path plus the turn so far, at the model's budget, with the
                 # tool definitions it is sent with.
+                if archived[1] is None or archived[0] != parent_id:
+                    archived = (
+                        parent_id,
+                        services.transcript_for_model(conversation=conversation, tip_id=parent_id),
+                    )
                 context = compaction.context_build(
                     conversation=conversation,
                     spec=spec,
                     tip_id=parent_id,
                     pending=turn,
+                    archived=archived[1],
                     tools=tool_specs,
                     trigger=Trigger.PROACTIVE,
                 )

@@ -346,3 +346,19 @@ class RateLimitTests(Base):
         assert body["error"] == "rate_limited" and body["retry_after"] == 3600
         assert response["Retry-After"] == "3600"
         assert body["attempt"]  # the failed attempt, for a retry
+
+
+class PathLoadTests(Base):
+    def test_a_turn_of_three_rounds_loads_the_archived_path_once(self) -> None:
+        from django.db import connection
+        from django.test.utils import CaptureQueriesContext
+
+        conv = services.conversation_create(owner=self.user, title="t", model="openai/test")
+        grow(conv, 3)
+        call = {"name": "current_time", "arguments": {}}
+        FAKE.push(Step.tools(call), Step.tools(call), Step.reply("done"))
+        with CaptureQueriesContext(connection) as queries:
+            self.chat(conv, "what time is it, twice?")
+        assert len([r for r in FAKE.requests if r.status == 200]) == 3
+        paths = [q for q in queries.captured_queries if "WITH RECURSIVE path" in q["sql"]]
+        assert len(paths) == 1, len(paths)
