@@ -5,10 +5,16 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from arbor.api import api
+from conversations.gateway import views as gateway
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", api.urls),
+    # The gateway: base URLs http://HOST/gateway/anthropic and http://HOST/gateway/openai/v1
+    path("gateway/anthropic/v1/messages", gateway.anthropic_messages),
+    path("gateway/anthropic/v1/messages/count_tokens", gateway.anthropic_count_tokens),
+    path("gateway/openai/v1/chat/completions", gateway.openai_chat),
+    path("gateway/openai/v1/models", gateway.openai_models),
     path(
         "login/",
         auth_views.LoginView.as_view(redirect_authenticated_user=True),

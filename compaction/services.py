@@ -354,6 +354,8 @@ def context_build(
     archived: Archived | None = None,
     tools: Sequence[Any] = (),
     budget: int | None = None,
+    target: int | None = None,
+    system: str | None = None,
     trigger: str = Trigger.MANUAL,
     allow_summary: bool = True,
     compact: bool = True,
@@ -375,7 +377,13 @@ def context_build(
     summary would fit, ``needs_summary`` says so.
 
     ``archived`` is the path to ``tip_id`` as ``tree_services.transcript_for_model``
-    gives it, when the caller has it: the rounds of one turn load it once."""
+    gives it, when the caller has it: the rounds of one turn load it once.
+
+    ``target`` (below ``budget``) is how far a compaction goes when one runs: the record
+    still answers for ``budget``, so the requests that follow reuse it, their prefix
+    byte-identical, until what they add no longer fits (compaction in steps, for the
+    provider's prompt cache; the gateway's hysteresis). ``system`` is the system prompt
+    the request carries, when not the conversation's own."""
     originals, resume = _originals(
         conversation, tip_id, pending, drop_checkpoints=compact, archived=archived
     )
@@ -386,7 +394,7 @@ def context_build(
         budget_tokens=budget,
         model=model_info(spec, reported),
         calibration=calibration,
-        system=conversation.system_prompt,
+        system=conversation.system_prompt if system is None else system,
         tools=tool_dicts(tools),
         limits=_limits(spec),
         blob_sizes=_blob_sizes(originals),
@@ -411,8 +419,11 @@ def context_build(
         return answer(free)  # the originals fit (their images fitted to the provider)
     ids = [m["id"] for m in originals]
     record = _reusable_record(conversation, spec, ids, budget)
-    # A summary record never displaces free rungs that fit (a summary is the last rung).
-    if record is not None and not (free.fits and "summary" in record.rung_names):
+    # A summary record never displaces free rungs that fit (a summary is the last rung),
+    # except between the steps of a stepped compaction, where the same record is what
+    # keeps the prefix stable.
+    stepped = target is not None and target < budget
+    if record is not None and (stepped or not (free.fits and "summary" in record.rung_names)):
         after = originals[ids.index(str(record.anchor_id)) + 1 :]
         reused = replace(view, messages=(*(as_message(m) for m in record.view), *after))
         reused, _ = fit_images(reused, shrink=shrink)
@@ -429,12 +440,13 @@ def context_build(
     record, compacted = compaction_run(
         conversation=conversation,
         spec=spec,
-        view=view,
+        view=replace(view, budget_tokens=target) if stepped and target else view,
         anchor_id=tip_id,
         trigger=trigger,
         summarize=Summarizer(spec) if allow_summary else None,
         measure_ocr=measure_ocr,
         progress=progress,
+        record_budget=budget,
     )
     return _from_record(record, compacted, resume)
 
@@ -566,6 +578,7 @@ def compaction_run(
     overflow: tuple[int | None, int | None] | None = None,
     measure_ocr: bool = False,
     progress: Progress = _quiet,
+    record_budget: int | None = None,
 ) -> tuple[CompactionRecord, ContextView]:
     """Run the ladder from the originals (``view.source``) and keep the result as a
     record; also return the compacted view (including any messages not yet persisted,
@@ -574,7 +587,8 @@ def compaction_run(
 
     The slow part (rendering, model calls) happens outside any transaction; the record,
     its pages and their blobs are written together at the end, so a failure leaves no
-    record in use."""
+    record in use. ``record_budget`` is the budget the record answers for when the
+    ladder ran to a lower target (see context_build)."""
     started = time.monotonic()
     render = renderer_for(spec)
     draw, ask = _reporting(render, summarize, progress)
@@ -622,7 +636,7 @@ def compaction_run(
             model=spec.id,
             trigger=trigger,
             status=RecordStatus.READY,
-            budget_tokens=view.budget_tokens,
+            budget_tokens=max(view.budget_tokens, record_budget or 0),
             tokens_before=view.estimate(),
             tokens_after=result.view.estimate(),
             rungs=reports,

@@ -54,11 +54,24 @@ class Conversation(models.Model):
     # Offer the model the checkpoint/rewind tools (on for harness conversations created
     # through the API, off for browser chats; switchable in both).
     checkpoint_tools = models.BooleanField(default=False)
+    # Conversations the gateway keeps for a harness (conversations/gateway): the
+    # harness's own session id where it sends one, a fingerprint of its system prompt and
+    # tool names (a sub-agent's or a side request's differs), and its User-Agent.
+    gateway_session = models.CharField(max_length=200, blank=True, default="")
+    gateway_fingerprint = models.CharField(max_length=64, blank=True, default="")
+    harness = models.CharField(max_length=200, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        indexes = [models.Index(fields=["owner", "-updated_at"], name="conv_owner_updated")]
+        indexes = [
+            models.Index(fields=["owner", "-updated_at"], name="conv_owner_updated"),
+            models.Index(
+                fields=["owner", "gateway_session"],
+                condition=~Q(gateway_session=""),
+                name="conv_gateway_session",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.title or str(self.id)
@@ -86,11 +99,21 @@ class Message(models.Model):
     # Derived data: exports leave it out and imports recompute it. On PostgreSQL a
     # trigram index (migration 0006) serves the search's case-insensitive LIKE.
     search_text = models.TextField(blank=True, default="", editable=False)
+    # Written by the gateway on the last message of each request message it stored: the
+    # hash of the request's messages up to and including that one (gateway/wire.py
+    # chain_keys). A later request finds its longest stored prefix by these keys in one
+    # indexed query. Empty elsewhere; never copied by a fork.
+    gateway_key = models.CharField(
+        max_length=64, blank=True, default="", db_default="", editable=False
+    )
 
     class Meta:
         indexes = [
             models.Index(fields=["conversation", "parent"], name="msg_conv_parent"),
             models.Index(fields=["conversation", "depth", "created_at"], name="msg_conv_depth"),
+            models.Index(
+                fields=["gateway_key"], condition=~Q(gateway_key=""), name="msg_gateway_key"
+            ),
         ]
         constraints = [
             models.CheckConstraint(

@@ -336,19 +336,20 @@ def _insert_messages(rows: list[Message]) -> None:
                 "metadata": r.metadata,
                 "created_at": r.created_at.isoformat(),
                 "search_text": searchable_text(r.parts),
+                "gateway_key": r.gateway_key,
             }
             for r in rows
         ]
         sql = f"""
             INSERT INTO {table}
                 (id, conversation_id, parent_id, role, parts, depth, origin, metadata, created_at,
-                 search_text)
+                 search_text, gateway_key)
             SELECT id, conversation_id, parent_id, role, parts, depth, origin, metadata, created_at,
-                   search_text
+                   search_text, gateway_key
             FROM jsonb_to_recordset(%s::jsonb) AS x(
                 id uuid, conversation_id uuid, parent_id uuid, role varchar, parts jsonb,
                 depth integer, origin varchar, metadata jsonb, created_at timestamptz,
-                search_text text)
+                search_text text, gateway_key varchar)
         """
     elif connection.vendor == "sqlite":
         adapt = connection.ops.adapt_datetimefield_value
@@ -365,11 +366,12 @@ def _insert_messages(rows: list[Message]) -> None:
                 "metadata": json.dumps(r.metadata),
                 "created_at": adapt(r.created_at),
                 "search_text": searchable_text(r.parts),
+                "gateway_key": r.gateway_key,
             }
             for r in rows
         ]
         cols = ("id", "conversation_id", "parent_id", "role", "parts", "depth", "origin",
-                "metadata", "created_at", "search_text")  # fmt: skip
+                "metadata", "created_at", "search_text", "gateway_key")  # fmt: skip
         select = ", ".join(f"json_extract(value, '$.{c}')" for c in cols)
         sql = f"INSERT INTO {table} ({', '.join(cols)}) SELECT {select} FROM json_each(%s)"
     else:  # pragma: no cover - other backends are not supported

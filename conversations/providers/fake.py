@@ -42,7 +42,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -427,6 +427,8 @@ class RecordedRequest:
     authenticated: bool
     status: int | None = None
     prompt_tokens: int | None = None
+    # The query string as sent (``beta=true``), without the ``?``.
+    query: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -550,8 +552,12 @@ class FakeLLMServer:
         openai_image_billing: str = "openai-tile",
         anthropic_image_billing: str = "claude",
         require_api_key: str | None = None,
+        responder: Callable[[str, Mapping[str, Any]], Step | None] | None = None,
     ) -> None:
         self.context_window = context_window
+        # Answers a request the script has no step for, from what it holds (protocol,
+        # parsed body): a scripted agent whose next move depends on the transcript.
+        self.responder = responder
         self.windows: dict[str, int] = {}
         self.openai_image_billing = openai_image_billing
         self.anthropic_image_billing = anthropic_image_billing
@@ -703,6 +709,7 @@ class FakeLLMServer:
             received_at=received,
             stream=bool(isinstance(body, dict) and body.get("stream")),
             authenticated=any(k in AUTH_HEADERS for k in headers),
+            query=urlsplit(handler.path).query,
         )
         with self._lock:
             self._log.append(record)
@@ -759,7 +766,11 @@ class FakeLLMServer:
             send_error(400, overflow(prompt, window))
             return
 
-        step = self._take(errors_only=False) or Step(text=self._echo(protocol, body, prompt))
+        step = (
+            self._take(errors_only=False)
+            or (self.responder(protocol, body) if self.responder else None)
+            or Step(text=self._echo(protocol, body, prompt))
+        )
         choice = body.get("tool_choice")
         if step.tool_calls and (choice == "none" or (choice or {}) == {"type": "none"}):
             # tool_choice "none": the model answers in words, whatever the script says.

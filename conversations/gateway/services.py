@@ -1,0 +1,609 @@
+"""The gateway's side of the tree: which conversation a request belongs to, how much of
+it is stored already, what to forward, and writing the exchange at its boundary.
+
+A request is placed by its chain keys (wire.chain_keys): the longest stored prefix is
+found with one indexed query; what follows it is new. Nothing is written until the
+upstream's answer is complete; then the new messages and the answer go in one
+transaction with the tip move (DESIGN.md invariant 13). A request that leaves the stored
+path (the user rewound or edited, or the harness compacted on its own) continues from
+the last common message: a new branch, nothing hidden or deleted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+from PIL import Image, UnidentifiedImageError
+
+from compaction import services as compaction
+from compaction.estimate import message_tokens, request_tokens
+from compaction.models import CompactionRecord, RecordStatus, Trigger
+from conversations import selectors
+from conversations import services as tree
+from conversations.errors import InvalidInput, NotFound
+from conversations.gateway import wire
+from conversations.models import Conversation, Message, Origin
+from conversations.providers import ContextOverflow, ModelSpec
+from conversations.resume import ResumeReport
+
+# A compaction step, once the threshold is crossed, goes down to this share of the room
+# for input; the record it makes is reused until the requests outgrow the threshold.
+TARGET = 0.5
+CONVERSATION_HEADER = "x-arbor-conversation"
+# Where harnesses say which session a request belongs to, besides Claude Code's
+# metadata.user_id.
+SESSION_HEADERS = ("x-claude-code-session-id", "x-session-id", "session_id", "x-session-affinity")
+_SESSION_IN_USER_ID = re.compile(r"session_([0-9a-fA-F-]{16,64})")
+
+
+@dataclass
+class Exchange:
+    """One request as the gateway reads it."""
+
+    protocol: str  # "anthropic" | "openai"
+    body: dict[str, Any]
+    # The conversation's wire messages, in order (OpenAI: without leading system ones).
+    wire: list[dict[str, Any]]
+    system: str
+    tools: list[dict[str, Any]]
+    digests: list[str]
+    keys: list[str]
+    drafts: list[list[wire.Draft]]
+    session: str
+    fingerprint: str
+    harness: str
+
+    def raw_tokens(self, rule: str) -> int:
+        """The estimator's raw count of the request as the client sent it."""
+        fixed = request_tokens((), rule=rule, system=self.system, tools=self.tools)
+        return fixed + sum(_message_raw(d, dr, rule) for d, dr in zip(self.digests, self.drafts))
+
+
+@dataclass
+class Placement:
+    conversation: Conversation
+    matched: int  # how many of the request's wire messages are stored already
+    parent_id: uuid.UUID | None  # the last stored message of that prefix
+    created: bool = False
+
+
+# --- reading a request -------------------------------------------------------------------
+
+# Parsed wire messages by digest (a harness resends the same ones every request).
+_DRAFT_CACHE: OrderedDict[str, list[wire.Draft]] = OrderedDict()
+_RAW_CACHE: OrderedDict[tuple[str, str], int] = OrderedDict()
+_CACHE_SIZE = 20_000
+
+
+def _remember(cache: OrderedDict[Any, Any], key: Any, value: Any) -> Any:
+    cache[key] = value
+    if len(cache) > _CACHE_SIZE:
+        cache.popitem(last=False)
+    return value
+
+
+def _with_sizes(drafts: list[wire.Draft]) -> list[wire.Draft]:
+    """Fill width and height of inline images (the estimator bills them by area)."""
+
+    def fill(parts: list[wire.Part]) -> None:
+        for part in parts:
+            if part.get("type") == "image" and "data" in part:
+                try:
+                    with Image.open(io.BytesIO(part["data"])) as image:
+                        part["width"], part["height"] = image.size
+                except (UnidentifiedImageError, OSError, ValueError):
+                    raise wire.WireError("an image in the request is not readable") from None
+            elif part.get("type") == "tool_result":
+                fill(part["parts"])
+
+    for draft in drafts:
+        fill(draft["parts"])
+    return drafts
+
+
+def _message_raw(digest: str, drafts: list[wire.Draft], rule: str) -> int:
+    key = (digest, rule)
+    cached = _RAW_CACHE.get(key)
+    if cached is None:
+        cached = _remember(
+            _RAW_CACHE, key, sum(message_tokens(_for_estimate(d), rule=rule) for d in drafts)
+        )
+    return cached
+
+
+def _for_estimate(draft: wire.Draft) -> dict[str, Any]:
+    return {"id": "", "role": draft["role"], "parts": draft["parts"], "metadata": {}}
+
+
+def fingerprint(system: str, tools: Sequence[Mapping[str, Any]]) -> str:
+    """Which agent of a harness is talking: the start of its system prompt (without
+    Claude Code's per-request billing line) and its tool names. The main agent, its
+    sub-agents and its side requests (titles, summaries) differ here."""
+    lines = [line for line in system.splitlines() if not line.startswith("x-anthropic-billing")]
+    names = sorted(str(t.get("name") or (t.get("function") or {}).get("name")) for t in tools)
+    text = "\n".join(lines).strip()[:400] + "|" + ",".join(names)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def session_of(headers: Mapping[str, str], body: Mapping[str, Any]) -> str:
+    """The harness's own session id, where it sends one."""
+    metadata = body.get("metadata")
+    user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
+    if isinstance(user_id, str) and user_id:
+        try:
+            parsed = json.loads(user_id)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict) and parsed.get("session_id"):
+            return str(parsed["session_id"])[:200]
+        match = _SESSION_IN_USER_ID.search(user_id)
+        if match:
+            return match.group(1)
+    for name in SESSION_HEADERS:
+        if headers.get(name):
+            return str(headers[name])[:200]
+    return ""
+
+
+def exchange_read(
+    *,
+    protocol: str,
+    body: dict[str, Any],
+    wire_messages: list[dict[str, Any]],
+    system: str,
+    tools: list[dict[str, Any]],
+    headers: Mapping[str, str],
+) -> Exchange:
+    """Parse and hash a request's messages. Raises wire.WireError for a malformed one."""
+    to_drafts = wire.anthropic_drafts if protocol == "anthropic" else wire.openai_drafts
+    to_digest = wire.anthropic_digest if protocol == "anthropic" else wire.openai_digest
+    digests: list[str] = []
+    drafts: list[list[wire.Draft]] = []
+    for i, message in enumerate(wire_messages):
+        if not isinstance(message, dict):
+            raise wire.WireError(f"messages.{i}: a message is an object")
+        digest = to_digest(message)
+        cached = _DRAFT_CACHE.get(digest)
+        if cached is None:
+            cached = _remember(
+                _DRAFT_CACHE, digest, _with_sizes(to_drafts(message, f"messages.{i}"))
+            )
+        digests.append(digest)
+        drafts.append(cached)
+    return Exchange(
+        protocol=protocol,
+        body=body,
+        wire=wire_messages,
+        system=system,
+        tools=tools,
+        digests=digests,
+        keys=wire.chain_keys(digests),
+        drafts=drafts,
+        session=session_of(headers, body),
+        fingerprint=fingerprint(system, tools),
+        harness=str(headers.get("user-agent", ""))[:200],
+    )
+
+
+# --- placing it in the tree ---------------------------------------------------------------
+
+
+def _deepest(conversation_ids: Any, keys: Sequence[str]) -> tuple[Any, int, uuid.UUID] | None:
+    """(conversation id, matched count, message id) of the longest stored prefix."""
+    if not keys:
+        return None
+    rows = Message.objects.filter(gateway_key__in=keys)
+    if conversation_ids is not None:
+        rows = rows.filter(conversation_id__in=conversation_ids)
+    index = {key: i for i, key in enumerate(keys)}
+    best: tuple[Any, int, uuid.UUID] | None = None
+    for cid, mid, key in rows.values_list("conversation_id", "id", "gateway_key"):
+        matched = index[key] + 1
+        if best is None or matched > best[1]:
+            best = (cid, matched, mid)
+    return best
+
+
+def placement_find(*, user: Any, exchange: Exchange, conversation_id: str | None) -> Placement:
+    """The conversation a request continues, and how much of it is stored.
+
+    By the ``X-Arbor-Conversation`` header when given (another user's id is refused
+    like a missing one); else by the harness's session id together with the agent's
+    fingerprint; else by content (the longest stored prefix among the user's gateway
+    conversations of the same agent); else a new conversation."""
+    conversation: Conversation | None = None
+    if conversation_id:
+        conversation = selectors.conversation_get(user=user, conversation_id=conversation_id)
+    elif exchange.session:
+        conversation = (
+            Conversation.objects.filter(
+                owner=user,
+                gateway_session=exchange.session,
+                gateway_fingerprint=exchange.fingerprint,
+            )
+            .order_by("-updated_at")
+            .first()
+        )
+    if conversation is None and not conversation_id:
+        mine = Conversation.objects.filter(owner=user, gateway_fingerprint=exchange.fingerprint)
+        found = _deepest(mine.values("pk"), exchange.keys)
+        if found is not None:
+            conversation = Conversation.objects.get(pk=found[0])
+            return Placement(conversation, found[1], found[2])
+    if conversation is None:
+        return Placement(_conversation_new(user, exchange), 0, None, created=True)
+    found = _deepest([conversation.pk], exchange.keys)
+    if found is None:
+        return Placement(conversation, 0, None)
+    return Placement(conversation, found[1], found[2])
+
+
+def _title(exchange: Exchange) -> str:
+    for drafts in exchange.drafts:
+        for draft in drafts:
+            if draft["role"] != "user":
+                continue
+            for part in draft["parts"]:
+                text = part.get("text", "") if part.get("type") == "text" else ""
+                # Claude Code opens with <system-reminder> blocks; the prompt follows.
+                if text.strip() and not text.lstrip().startswith("<system-reminder>"):
+                    return " ".join(text.split())[:80]
+    return "Gateway session"
+
+
+def _conversation_new(user: Any, exchange: Exchange) -> Conversation:
+    model = str(exchange.body.get("model", ""))
+    return Conversation.objects.create(
+        owner=user,
+        title=_title(exchange),
+        model=f"{exchange.protocol}/{model}" if model else "",
+        system_prompt=exchange.system,
+        gateway_session=exchange.session,
+        gateway_fingerprint=exchange.fingerprint,
+        harness=exchange.harness,
+    )
+
+
+# --- writing the exchange -----------------------------------------------------------------
+
+
+def _store_images(owner: Any, parts: list[wire.Part]) -> list[wire.Part]:
+    """Parts with inline image bytes replaced by blob references (validated as every
+    upload is: an unreadable or oversized image is refused)."""
+    out: list[wire.Part] = []
+    for part in parts:
+        if part.get("type") == "image" and "data" in part:
+            blob = tree.blob_store(owner=owner, data=part["data"])
+            out.append(
+                {
+                    "type": "image",
+                    "blob": blob.sha256,
+                    "mime": blob.mime,
+                    "width": blob.width,
+                    "height": blob.height,
+                }
+            )
+        elif part.get("type") == "tool_result":
+            out.append({**part, "parts": _store_images(owner, part["parts"])})
+        else:
+            out.append(part)
+    return out
+
+
+@dataclass
+class NewRows:
+    rows: list[Message] = field(default_factory=list)
+
+    @property
+    def last(self) -> uuid.UUID | None:
+        return self.rows[-1].id if self.rows else None
+
+
+def _rows(
+    *,
+    conversation: Conversation,
+    parent_id: uuid.UUID | None,
+    depth: int,
+    groups: Sequence[tuple[int, str, list[wire.Draft]]],
+    extra_metadata: Mapping[int, dict[str, Any]] | None = None,
+) -> NewRows:
+    """Message rows for wire messages ``(index, chain key, drafts)``, chained below
+    ``parent_id``; the key goes on the last row of each."""
+    now = timezone.now()
+    out = NewRows()
+    previous = parent_id
+    for index, key, drafts in groups:
+        for member, draft in enumerate(drafts):
+            metadata: dict[str, Any] = {"gateway": {"wire": index, "member": member}}
+            metadata.update((extra_metadata or {}).get(index, {}))
+            row = Message(
+                id=uuid.uuid4(),
+                conversation_id=conversation.pk,
+                parent_id=previous,
+                role=draft["role"],
+                parts=_store_images(conversation.owner, draft["parts"]),
+                depth=depth,
+                origin=Origin.TURN,
+                metadata=metadata,
+                created_at=now + timedelta(microseconds=len(out.rows)),
+                gateway_key=key if member == len(drafts) - 1 else "",
+            )
+            out.rows.append(row)
+            previous = row.id
+            depth += 1
+    return out
+
+
+def exchange_store(
+    *,
+    placement: Placement,
+    exchange: Exchange,
+    answer: Mapping[str, Any] | None,
+    answer_metadata: dict[str, Any] | None = None,
+) -> uuid.UUID | None:
+    """Write the request's new messages and the upstream's complete ``answer`` (a wire
+    message) below the stored prefix, and move the tip to the answer: one transaction,
+    a turn boundary. Without an answer only the request's messages are written (a valid
+    transcript: what the harness sent) and the tip moves to their end. Returns the new
+    last message (the tip)."""
+    start = placement.matched
+    groups: list[tuple[int, str, list[wire.Draft]]] = [
+        (i, exchange.keys[i], exchange.drafts[i]) for i in range(start, len(exchange.wire))
+    ]
+    extra: dict[int, dict[str, Any]] = {}
+    if answer is not None:
+        to_drafts = wire.anthropic_drafts if exchange.protocol == "anthropic" else wire.openai_drafts
+        to_digest = wire.anthropic_digest if exchange.protocol == "anthropic" else wire.openai_digest
+        digests = [*exchange.digests, to_digest(answer)]
+        index = len(exchange.wire)
+        groups.append((index, wire.chain_keys(digests)[-1], to_drafts(answer, "answer")))
+        extra[index] = dict(answer_metadata or {})
+    if not groups:
+        return placement.parent_id
+    conversation = placement.conversation
+    with transaction.atomic():
+        locked = tree._lock_conversation(conversation, None)
+        depth = 0
+        if placement.parent_id is not None:
+            parent = Message.objects.filter(pk=placement.parent_id).only("depth").first()
+            if parent is None:  # pragma: no cover - messages are never deleted alone
+                raise NotFound(f"no such message: {placement.parent_id}")
+            depth = parent.depth + 1
+        new = _rows(
+            conversation=conversation,
+            parent_id=placement.parent_id,
+            depth=depth,
+            groups=groups,
+            extra_metadata=extra,
+        )
+        tree._insert_messages(new.rows)
+        changes: dict[str, Any] = {"updated_at": timezone.now()}
+        if exchange.harness and exchange.harness != locked.harness:
+            changes["harness"] = exchange.harness
+        Conversation.objects.filter(pk=conversation.pk).update(
+            tip_id=new.last, version=F("version") + 1, **changes
+        )
+    placement.matched = len(exchange.wire) + (1 if answer is not None else 0)
+    placement.parent_id = new.last
+    return new.last
+
+
+# --- what to forward ----------------------------------------------------------------------
+
+
+def record_active(*, placement: Placement, exchange: Exchange, spec: ModelSpec) -> bool:
+    """Whether a ready compaction record lies on this request's stored prefix: the
+    requests that follow a compaction step go out built from it (one query)."""
+    if not placement.matched:
+        return False
+    return CompactionRecord.objects.filter(
+        conversation=placement.conversation,
+        model=spec.id,
+        status=RecordStatus.READY,
+        anchor__gateway_key__in=exchange.keys[: placement.matched],
+    ).exists()
+
+
+@dataclass
+class Forward:
+    """What goes upstream for a request: its messages (client wire messages where the
+    ladder left them as they were) and the context they were built from."""
+
+    messages: list[dict[str, Any]]
+    context: compaction.ContextResult
+    prefix_end: int | None  # index of the last message of the compacted prefix
+
+
+def _archived(placement: Placement) -> compaction.Archived:
+    """The stored prefix, as sent (not trimmed: its last message may be a tool call the
+    request's next message answers)."""
+    if placement.parent_id is None:
+        return [], ResumeReport()
+    path = selectors.message_path(
+        conversation_id=placement.conversation.pk, tip_id=placement.parent_id
+    )
+    return [
+        {"id": str(m.id), "role": m.role, "parts": m.parts, "metadata": m.metadata} for m in path
+    ], ResumeReport()
+
+
+def _prepared(placement: Placement, exchange: Exchange) -> tuple[Any, list[dict[str, Any]]]:
+    """The stored prefix and the request's new messages (images stored as blobs, which
+    the ladder reads), with each Arbor message's wire position ``(index, member)``."""
+    archived = _archived(placement)
+    owner = placement.conversation.owner
+    pending: list[dict[str, Any]] = []
+    for i in range(placement.matched, len(exchange.wire)):
+        for member, draft in enumerate(exchange.drafts[i]):
+            pending.append(
+                {
+                    "role": draft["role"],
+                    "parts": _store_images(owner, draft["parts"]),
+                    "wire": (i, member),
+                }
+            )
+    return archived, pending
+
+
+def forward_build(
+    *,
+    placement: Placement,
+    exchange: Exchange,
+    spec: ModelSpec,
+    overflow: ContextOverflow | None = None,
+    sent: compaction.ContextResult | None = None,
+) -> Forward:
+    """The request as the ladder builds it from the stored path plus the request's new
+    messages: a reused record until the next step, else a compaction step down to the
+    target; after an ``overflow``, reactive compaction from the originals."""
+    if placement.parent_id is None:
+        # Nothing stored to anchor a record on: the request itself is the transcript.
+        exchange_store(placement=placement, exchange=exchange, answer=None)
+    archived, pending = _prepared(placement, exchange)
+    calibration, reported = compaction.calibration_get(spec.id)
+    budget = compaction.model_budget(spec, reported)
+    target = step_target(exchange, spec, budget, calibration)
+    common = dict(
+        conversation=placement.conversation,
+        spec=spec,
+        tip_id=placement.parent_id,
+        pending=pending,
+        archived=archived,
+        tools=exchange.tools,
+        system=exchange.system,
+    )
+    if overflow is None:
+        context = compaction.context_build(
+            **common, budget=budget, target=target, trigger=Trigger.PROACTIVE
+        )  # type: ignore[arg-type]
+    else:
+        if sent is None:  # the originals went out: their view, without compacting
+            sent = compaction.context_build(
+                **common, budget=10**9, compact=False, preview_pages=False
+            )  # type: ignore[arg-type]
+        context = compaction.context_after_overflow(
+            conversation=placement.conversation,
+            spec=spec,
+            tip_id=placement.parent_id,
+            sent=replace(sent),
+            overflow=overflow,
+        )
+    return _assemble(context, archived[0], pending, exchange)
+
+
+def step_target(
+    exchange: Exchange, spec: ModelSpec, budget: int, calibration: compaction.Calibration
+) -> int:
+    """How far a compaction step goes: the fixed part of every request (the harness's
+    system prompt and tool definitions, often tens of thousands of tokens) plus
+    ``TARGET`` of the room the history has under the threshold."""
+    fixed = calibration.apply(
+        request_tokens((), rule=spec.image_billing, system=exchange.system, tools=exchange.tools)
+    )
+    return max(1, min(budget, int(fixed + TARGET * max(0, budget - fixed))))
+
+
+def _assemble(
+    context: compaction.ContextResult,
+    archived: list[dict[str, Any]],
+    pending: list[dict[str, Any]],
+    exchange: Exchange,
+) -> Forward:
+    """Wire messages for what the ladder chose: a client message whose Arbor messages
+    all came through unchanged goes out as the client sent it (its bytes, breakpoints
+    and thinking signatures); anything the ladder made or changed is converted."""
+    position: dict[str, tuple[int, int]] = {}
+    original: dict[str, list[Any]] = {}
+    sizes = [len(d) for d in exchange.drafts]
+    for m in archived:
+        gateway = (m.get("metadata") or {}).get("gateway") or {}
+        if "wire" in gateway:
+            position[m["id"]] = (int(gateway["wire"]), int(gateway.get("member", 0)))
+            original[m["id"]] = m["parts"]
+    for i, m in enumerate(pending):
+        position[f"{compaction.PENDING}{i}"] = m["wire"]
+        original[f"{compaction.PENDING}{i}"] = m["parts"]
+    record_ids = {str(m["id"]) for m in (context.record.view if context.record else [])}
+    convert = wire.to_anthropic_messages if exchange.protocol == "anthropic" else wire.to_openai_messages
+    out: list[dict[str, Any]] = []
+    prefix_end: int | None = None
+    buffer: list[dict[str, Any]] = []
+    buffer_prefix = False
+
+    def flush() -> None:
+        nonlocal buffer, buffer_prefix, prefix_end
+        if buffer:
+            out.extend(convert(buffer, context.load_blob))
+            if buffer_prefix:
+                prefix_end = len(out) - 1
+        buffer, buffer_prefix = [], False
+
+    messages = context.messages
+    i = 0
+    while i < len(messages):
+        m = messages[i]
+        at = position.get(str(m["id"]))
+        if at is not None and at[1] == 0 and at[0] < len(exchange.wire):
+            n = sizes[at[0]]
+            group = messages[i : i + n]
+            if len(group) == n and all(
+                position.get(str(g["id"])) == (at[0], j) and g["parts"] == original[str(g["id"])]
+                for j, g in enumerate(group)
+            ):
+                flush()
+                out.append(exchange.wire[at[0]])
+                if any(str(g["id"]) in record_ids for g in group):
+                    prefix_end = len(out) - 1
+                i += n
+                continue
+        buffer.append(m)
+        buffer_prefix = buffer_prefix or str(m["id"]) in record_ids
+        i += 1
+    flush()
+    return Forward(out, context, prefix_end if context.record is not None else None)
+
+
+def forward_fits(forward: Forward, spec: ModelSpec) -> bool:
+    """Whether the built request fits the room for input (the threshold's budget or
+    beyond it up to the window less the answer's reserve)."""
+    view = forward.context.view
+    if view is None:
+        return forward.context.fits
+    room = view.model.context_window - spec.max_output
+    return forward.context.estimate <= room
+
+
+def usage_learn(*, spec: ModelSpec, raw_estimate: int, input_tokens: int | None) -> None:
+    """The upstream's count of a request whose raw estimate we know."""
+    if input_tokens:
+        compaction.calibration_observe(
+            model_id=spec.id, raw_estimate=raw_estimate, measured=input_tokens
+        )
+
+
+def record_measured(forward: Forward | None, input_tokens: int | None) -> None:
+    if forward is not None and forward.context.record is not None and input_tokens:
+        compaction.record_measured(record=forward.context.record, input_tokens=input_tokens)
+
+
+def check_model(spec: ModelSpec) -> None:
+    """An undeclared model is refused unless a default upstream is configured."""
+    if spec.assumed and not getattr(settings, "ARBOR_GATEWAY_DEFAULT_MODEL", ""):
+        raise InvalidInput(
+            f"model {spec.model!r} is not configured for the gateway: declare "
+            f"{spec.id!r} in the ARBOR_MODELS file (or set ARBOR_GATEWAY_DEFAULT_MODEL)",
+            code="unknown_model",
+        )

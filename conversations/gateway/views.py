@@ -1,0 +1,473 @@
+"""The gateway's endpoints: the Anthropic Messages API and OpenAI Chat Completions, as a
+harness expects them, with Arbor's tree and ladder behind them.
+
+- ``POST /gateway/anthropic/v1/messages`` (+ ``/count_tokens``)
+- ``POST /gateway/openai/v1/chat/completions``, ``GET /gateway/openai/v1/models``
+
+The client's key is an Arbor API token (``x-api-key`` or ``Authorization: Bearer``).
+Errors answer in the provider's own shape. Streams are relayed event by event; the
+exchange is written when the upstream's answer is complete, before its last event
+reaches the client (so the harness's next request finds it stored).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from compaction import services as compaction
+from compaction.estimate import Calibration
+from conversations.errors import ArborError
+from conversations.gateway import services, upstream, wire
+from conversations.providers import ContextOverflow, ModelSpec, parse_overflow, resolve_model
+from conversations.services import api_token_user
+
+log = logging.getLogger("arbor.gateway")
+
+
+# --- the two protocols ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Protocol:
+    name: str  # "anthropic" | "openai"
+    path: str  # the upstream endpoint below its base URL
+
+    def error(self, status: int, kind: str, message: str, **extra: Any) -> JsonResponse:
+        if self.name == "anthropic":
+            body: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
+        else:
+            body = {"error": {"message": message, "type": kind, "param": None, "code": extra.get("code")}}  # fmt: skip
+        response = JsonResponse(body, status=status)
+        for key, value in extra.get("headers", {}).items():
+            response[key] = value
+        return response
+
+
+ANTHROPIC = Protocol("anthropic", "/v1/messages")
+OPENAI = Protocol("openai", "/chat/completions")
+
+_ANTHROPIC_KIND = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error", 413: "request_too_large", 422: "invalid_request_error"}  # fmt: skip
+_OPENAI_KIND = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error"}  # fmt: skip
+
+
+def _arbor_error(protocol: Protocol, exc: ArborError) -> JsonResponse:
+    status = 400 if exc.status == 422 else exc.status
+    table = _ANTHROPIC_KIND if protocol.name == "anthropic" else _OPENAI_KIND
+    return protocol.error(status, table.get(status, "invalid_request_error"), exc.detail, code=exc.code)
+
+
+# Harness requests outgrow Django's 2.5 MB form-data limit (Anthropic takes 32 MB).
+MAX_BODY = int(getattr(settings, "ARBOR_GATEWAY_MAX_BODY", 32 * 1024 * 1024))
+
+
+def _read_body(request: HttpRequest) -> bytes | None:
+    """The raw body, read past DATA_UPLOAD_MAX_MEMORY_SIZE up to MAX_BODY (None if
+    larger)."""
+    length = int(request.META.get("CONTENT_LENGTH") or 0)
+    if length > MAX_BODY:
+        return None
+    data = request.read(MAX_BODY + 1)
+    return None if len(data) > MAX_BODY else data
+
+
+def _credential(request: HttpRequest) -> str:
+    bearer = request.headers.get("authorization", "")
+    if bearer.lower().startswith("bearer "):
+        return bearer[7:].strip()
+    return request.headers.get("x-api-key", "").strip()
+
+
+async def _user(request: HttpRequest) -> Any:
+    secret = _credential(request)
+    if not secret:
+        return None
+    return await sync_to_async(api_token_user)(secret=secret)
+
+
+def _spec(protocol: Protocol, model: Any) -> ModelSpec:
+    if not isinstance(model, str) or not model.strip():
+        raise ArborError("model: a model name is required", code="invalid_model")
+    name = model if model.startswith(f"{protocol.name}/") else f"{protocol.name}/{model}"
+    try:
+        spec = resolve_model(name)
+    except ValueError as exc:
+        raise ArborError(str(exc), code="invalid_model") from None
+    default = getattr(settings, "ARBOR_GATEWAY_DEFAULT_MODEL", "")
+    if spec.assumed and default:
+        from dataclasses import replace
+
+        spec = replace(resolve_model(default), id=name, model=spec.model)
+    services.check_model(spec)
+    if spec.fake:
+        raise ArborError("fake/* models are Arbor's demo, not an upstream", code="invalid_model")
+    return spec
+
+
+# --- one request ----------------------------------------------------------------------------
+
+
+@dataclass
+class Prepared:
+    protocol: Protocol
+    spec: ModelSpec
+    exchange: services.Exchange
+    placement: services.Placement
+    raw_estimate: int
+    body: bytes  # what goes upstream
+    forward: services.Forward | None = None
+    attempts: list[bytes] = field(default_factory=list)
+
+
+def _body_bytes(prep_body: dict[str, Any]) -> bytes:
+    return json.dumps(prep_body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _compacted_body(
+    protocol: Protocol, exchange: services.Exchange, spec: ModelSpec, forward: services.Forward
+) -> bytes:
+    body = dict(exchange.body)
+    body["model"] = spec.model
+    messages = list(forward.messages)
+    if protocol.name == "anthropic":
+        messages = _cache_breakpoint(body, messages, forward.prefix_end)
+        body["messages"] = messages
+    else:
+        leading = [m for m in body.get("messages", [])[: len(body.get("messages", [])) - len(exchange.wire)]]  # fmt: skip
+        body["messages"] = leading + messages
+    return _body_bytes(body)
+
+
+MAX_BREAKPOINTS = 4
+
+
+def _count_breakpoints(value: Any) -> int:
+    if isinstance(value, dict):
+        own = 1 if isinstance(value.get("cache_control"), dict) else 0
+        return own + sum(_count_breakpoints(v) for k, v in value.items() if k != "cache_control")
+    if isinstance(value, list):
+        return sum(_count_breakpoints(v) for v in value)
+    return 0
+
+
+def _without_breakpoints(message: dict[str, Any]) -> dict[str, Any]:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    blocks = [{k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b for b in content]  # fmt: skip
+    return {**message, "content": blocks}
+
+
+def _cache_breakpoint(
+    body: dict[str, Any], messages: list[dict[str, Any]], prefix_end: int | None
+) -> list[dict[str, Any]]:
+    """A ``cache_control`` breakpoint on the last block of the compacted prefix, so the
+    provider caches it for the requests that reuse it; the client's own breakpoints are
+    kept within the provider's limit of four (the earliest in the messages go first)."""
+    if prefix_end is None or not (0 <= prefix_end < len(messages)):
+        return messages
+    target = messages[prefix_end]
+    content = target.get("content")
+    if isinstance(content, str):
+        content = [{"type": "text", "text": content}]
+    if not isinstance(content, list) or not content or not isinstance(content[-1], dict):
+        return messages
+    if isinstance(content[-1].get("cache_control"), dict):
+        return messages
+    messages = list(messages)
+    messages[prefix_end] = {**target, "content": [*content[:-1], {**content[-1], "cache_control": {"type": "ephemeral"}}]}  # fmt: skip
+    total = _count_breakpoints(body.get("system")) + _count_breakpoints(body.get("tools")) + _count_breakpoints(messages)  # fmt: skip
+    i = 0
+    while total > MAX_BREAKPOINTS and i < len(messages):
+        if i != prefix_end and _count_breakpoints(messages[i]):
+            total -= _count_breakpoints(messages[i])
+            messages[i] = _without_breakpoints(messages[i])
+        i += 1
+    if total > MAX_BREAKPOINTS:
+        messages[prefix_end] = target
+    return messages
+
+
+def _prepare(
+    protocol: Protocol, user: Any, body: dict[str, Any], headers: dict[str, str], raw: bytes
+) -> Prepared:
+    spec = _spec(protocol, body.get("model"))
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ArborError("messages: at least one message is required", code="invalid_messages")
+    if protocol.name == "anthropic":
+        system = wire.anthropic_system_text(body.get("system"))
+        conversation_messages = messages
+    else:
+        system, conversation_messages = wire.openai_split_system(messages)
+        if not conversation_messages:
+            raise ArborError("messages: a user message is required", code="invalid_messages")
+    tools = [t for t in body.get("tools") or [] if isinstance(t, dict)]
+    try:
+        exchange = services.exchange_read(
+            protocol=protocol.name, body=body, wire_messages=conversation_messages,
+            system=system, tools=tools, headers=headers,
+        )  # fmt: skip
+    except wire.WireError as exc:
+        raise ArborError(str(exc), code="invalid_messages") from None
+    placement = services.placement_find(
+        user=user, exchange=exchange, conversation_id=headers.get(services.CONVERSATION_HEADER)
+    )
+    calibration, reported = compaction.calibration_get(spec.id)
+    raw_estimate = exchange.raw_tokens(spec.image_billing)
+    budget = compaction.model_budget(spec, reported)
+    prep = Prepared(protocol, spec, exchange, placement, raw_estimate, raw)
+    if body.get("model") != spec.model:
+        prep.body = _body_bytes({**body, "model": spec.model})
+    over = calibration.apply(raw_estimate) > budget
+    if over or services.record_active(placement=placement, exchange=exchange, spec=spec):
+        prep.forward = services.forward_build(placement=placement, exchange=exchange, spec=spec)
+        prep.body = _compacted_body(protocol, exchange, spec, prep.forward)
+    return prep
+
+
+def _recover(prep: Prepared, overflow: ContextOverflow) -> bytes | None:
+    """After the upstream said the request was too long: compact from the originals
+    below the limit it reported. None when no smaller request can be made."""
+    try:
+        forward = services.forward_build(
+            placement=prep.placement, exchange=prep.exchange, spec=prep.spec,
+            overflow=overflow, sent=prep.forward.context if prep.forward else None,
+        )  # fmt: skip
+    except ContextOverflow:
+        return None
+    body = _compacted_body(prep.protocol, prep.exchange, prep.spec, forward)
+    if body in prep.attempts:
+        return None  # never resend a rejected payload
+    prep.forward = forward
+    return body
+
+
+def _finish(prep: Prepared, answer: dict[str, Any], metadata: dict[str, Any]) -> None:
+    """The exchange is complete: write it, and learn from the upstream's count."""
+    usage = metadata.get("usage") or {}
+    measured = usage.get("input_tokens")
+    if measured and prep.protocol.name == "anthropic":
+        measured += (usage.get("cache_read_input_tokens") or 0) + (usage.get("cache_creation_input_tokens") or 0)  # fmt: skip
+    sent_raw = prep.forward.context.view.raw_tokens if prep.forward and prep.forward.context.view else prep.raw_estimate  # fmt: skip
+    services.usage_learn(spec=prep.spec, raw_estimate=sent_raw, input_tokens=measured)
+    services.record_measured(prep.forward, measured)
+    services.exchange_store(
+        placement=prep.placement, exchange=prep.exchange, answer=answer, answer_metadata=metadata
+    )
+
+
+def _overflow_of(status: int, raw: bytes) -> ContextOverflow | None:
+    if status not in (400, 413):
+        return None
+    try:
+        error = json.loads(raw).get("error") or {}
+    except (ValueError, AttributeError):
+        return None
+    message = str(error.get("message", "")) if isinstance(error, dict) else str(error)
+    code = error.get("code") if isinstance(error, dict) else None
+    found = parse_overflow(message, code if isinstance(code, str) else None)
+    if found is None:
+        return None
+    return ContextOverflow(found[0], found[1], message=message)
+
+
+def _sse_data(event: bytes) -> str | None:
+    lines = [line[5:].lstrip() for line in event.decode("utf-8", "replace").splitlines() if line.startswith("data:")]  # fmt: skip
+    return "\n".join(lines) if lines else None
+
+
+async def _relay(prep: Prepared, response: Any) -> AsyncIterator[bytes]:
+    """Relay the upstream's SSE stream event by event, building the answer; when it is
+    complete, write the exchange, then send the last event."""
+    anthropic = prep.protocol.name == "anthropic"
+    answer: Any = wire.AnthropicAnswer() if anthropic else wire.OpenAIAnswer()
+    buffer = b""
+    stored = False
+    try:
+        async for chunk in response.aiter_bytes():
+            buffer += chunk.replace(b"\r\n", b"\n")
+            while b"\n\n" in buffer:
+                event, buffer = buffer.split(b"\n\n", 1)
+                data = _sse_data(event)
+                final = False
+                if data == "[DONE]":
+                    final = not anthropic
+                elif data:
+                    try:
+                        parsed = json.loads(data)
+                    except ValueError:
+                        parsed = None
+                    if isinstance(parsed, dict):
+                        answer.feed(parsed)
+                        final = anthropic and parsed.get("type") == "message_stop"
+                if final and not stored:
+                    stored = True
+                    await _store_answer(prep, answer)
+                yield event + b"\n\n"
+        if buffer.strip():
+            yield buffer
+    finally:
+        await response.aclose()
+
+
+async def _store_answer(prep: Prepared, answer: Any) -> None:
+    if isinstance(answer, wire.AnthropicAnswer):
+        result = answer.result()
+        message = {"role": "assistant", "content": result.get("content") or []}
+        metadata = wire.answer_metadata(result, model_id=prep.spec.id)
+    else:
+        message = answer.result()
+        metadata = wire.openai_answer_metadata(
+            message, model_id=prep.spec.id, finish_reason=answer.finish_reason,
+            usage=answer.usage, response_id=answer.id,
+        )  # fmt: skip
+    try:
+        await sync_to_async(_finish)(prep, message, metadata)
+    except Exception:  # the harness still gets its answer; its next request stores it
+        log.exception("gateway: writing the exchange failed")
+
+
+async def _handle(protocol: Protocol, request: HttpRequest) -> HttpResponse:
+    if request.method != "POST":
+        return protocol.error(405, "invalid_request_error", "use POST")
+    user = await _user(request)
+    if user is None:
+        kind = "authentication_error" if protocol.name == "anthropic" else "invalid_request_error"
+        return protocol.error(401, kind, "send an Arbor API token as x-api-key or Authorization: Bearer", code="invalid_api_key")  # fmt: skip
+    raw_body = _read_body(request)
+    if raw_body is None:
+        return protocol.error(413, "request_too_large", f"the request is larger than {MAX_BODY} bytes")  # fmt: skip
+    try:
+        body = json.loads(raw_body)
+    except (ValueError, UnicodeDecodeError):
+        return protocol.error(400, "invalid_request_error", "the request body is not valid JSON")
+    if not isinstance(body, dict):
+        return protocol.error(400, "invalid_request_error", "the request body must be a JSON object")  # fmt: skip
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    try:
+        prep = await sync_to_async(_prepare)(protocol, user, body, headers, raw_body)
+    except ArborError as exc:
+        return _arbor_error(protocol, exc)
+    url = upstream.url_for(prep.spec, protocol.path, request.META.get("QUERY_STRING", ""))
+    out_headers = upstream.headers_for(prep.spec, dict(request.headers))
+    response = None
+    for _ in range(2):  # the request, and at most one retry after an overflow
+        prep.attempts.append(prep.body)
+        try:
+            response = await upstream.send(url, out_headers, prep.body)
+        except Exception as exc:  # noqa: BLE001 - any transport failure is the upstream's
+            return protocol.error(502, "api_error", f"the upstream is unreachable: {type(exc).__name__}")  # fmt: skip
+        if response.status_code == 200:
+            break
+        raw = await response.aread()
+        await response.aclose()
+        overflow = _overflow_of(response.status_code, raw)
+        retry = await sync_to_async(_recover)(prep, overflow) if overflow is not None else None
+        if retry is None:
+            return HttpResponse(raw, status=response.status_code, headers=upstream.response_headers(response.headers))  # fmt: skip
+        prep.body = retry
+    assert response is not None
+    relayed = upstream.response_headers(response.headers)
+    if body.get("stream"):
+        return StreamingHttpResponse(_relay(prep, response), headers={**relayed, "cache-control": "no-cache"})  # fmt: skip
+    raw = await response.aread()
+    await response.aclose()
+    try:
+        result = json.loads(raw)
+    except ValueError:
+        result = None
+    if isinstance(result, dict):
+        if protocol.name == "anthropic":
+            message = {"role": "assistant", "content": result.get("content") or []}
+            metadata = wire.answer_metadata(result, model_id=prep.spec.id)
+        else:
+            choice = (result.get("choices") or [{}])[0]
+            message = dict(choice.get("message") or {"role": "assistant", "content": ""})
+            metadata = wire.openai_answer_metadata(
+                message, model_id=prep.spec.id, finish_reason=choice.get("finish_reason"),
+                usage=result.get("usage") or {}, response_id=str(result.get("id", "")),
+            )  # fmt: skip
+        try:
+            await sync_to_async(_finish)(prep, message, metadata)
+        except Exception:
+            log.exception("gateway: writing the exchange failed")
+    return HttpResponse(raw, status=200, headers=relayed)
+
+
+@csrf_exempt
+async def anthropic_messages(request: HttpRequest) -> HttpResponse:
+    return await _handle(ANTHROPIC, request)
+
+
+@csrf_exempt
+async def openai_chat(request: HttpRequest) -> HttpResponse:
+    return await _handle(OPENAI, request)
+
+
+def _count(protocol: Protocol, user: Any, body: dict[str, Any], headers: dict[str, str]) -> int:
+    spec = _spec(protocol, body.get("model"))
+    system = wire.anthropic_system_text(body.get("system"))
+    tools = [t for t in body.get("tools") or [] if isinstance(t, dict)]
+    try:
+        exchange = services.exchange_read(
+            protocol="anthropic", body=body, wire_messages=list(body.get("messages") or []),
+            system=system, tools=tools, headers=headers,
+        )  # fmt: skip
+    except wire.WireError as exc:
+        raise ArborError(str(exc), code="invalid_messages") from None
+    calibration: Calibration = compaction.calibration_get(spec.id)[0]
+    return calibration.apply(exchange.raw_tokens(spec.image_billing))
+
+
+@csrf_exempt
+async def anthropic_count_tokens(request: HttpRequest) -> HttpResponse:
+    """The upstream's own count where it has the endpoint; else Arbor's estimate."""
+    user = await _user(request)
+    if user is None:
+        return ANTHROPIC.error(401, "authentication_error", "send an Arbor API token as x-api-key or Authorization: Bearer")  # fmt: skip
+    try:
+        body = json.loads(_read_body(request) or b"")
+        assert isinstance(body, dict)
+    except (ValueError, AssertionError, UnicodeDecodeError):
+        return ANTHROPIC.error(400, "invalid_request_error", "the request body must be a JSON object")  # fmt: skip
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    try:
+        spec = await sync_to_async(_spec)(ANTHROPIC, body.get("model"))
+        estimate = await sync_to_async(_count)(ANTHROPIC, user, body, headers)
+    except ArborError as exc:
+        return _arbor_error(ANTHROPIC, exc)
+    url = upstream.url_for(spec, "/v1/messages/count_tokens", request.META.get("QUERY_STRING", ""))
+    try:
+        response = await upstream.send(url, upstream.headers_for(spec, dict(request.headers)), _body_bytes({**body, "model": spec.model}))  # fmt: skip
+        raw = await response.aread()
+        await response.aclose()
+        if response.status_code == 200:
+            return HttpResponse(raw, status=200, content_type="application/json")
+    except Exception:  # noqa: BLE001 - fall back to the estimate
+        pass
+    return JsonResponse({"input_tokens": estimate})
+
+
+def _model_list() -> list[dict[str, Any]]:
+    from conversations.providers.registry import declared_models
+
+    names = sorted(m.split("/", 1)[1] for m in declared_models() if m.startswith("openai/"))
+    return [{"id": n, "object": "model", "created": 0, "owned_by": "arbor"} for n in names]
+
+
+@csrf_exempt
+async def openai_models(request: HttpRequest) -> HttpResponse:
+    user = await _user(request)
+    if user is None:
+        return OPENAI.error(401, "invalid_request_error", "send an Arbor API token as Authorization: Bearer", code="invalid_api_key")  # fmt: skip
+    data = await sync_to_async(_model_list)()
+    return JsonResponse({"object": "list", "data": data})

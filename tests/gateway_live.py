@@ -1,0 +1,155 @@
+"""A live gateway for tests: the `make run` server (uvicorn, ASGI) on a free port, a
+loopback upstream declared as real Anthropic and OpenAI models through an ARBOR_MODELS
+file, and a user with an API token, as a harness's operator would set it up.
+
+``agent_responder`` is the scripted upstream agent the harness tests use: every request
+that offers a Bash tool gets the next round's command (the round number is read back
+from the transcript, so it survives compaction: the newest round is always in the
+verbatim tail), and after the last round a final answer.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from conversations import services
+from conversations.providers.fake import FakeLLMServer, Step
+from tests.builders import make_user
+from tests.fake_models import child_env
+from tests.test_asgi_streaming import ROOT, free_port
+
+ANTHROPIC_MODEL = "claude-sonnet-4-5"
+OPENAI_MODEL = "gpt-4o-mini"
+ROUND = re.compile(r"ROUND-(\d+)")
+
+
+def round_command(n: int, *, lines: int = 48) -> str:
+    """A shell command printing round ``n``'s marker and ~3.4 KB of output."""
+    return (
+        f"echo ROUND-{n}; for i in $(seq 1 {lines}); do "
+        f"echo \"round {n} line $i: the quick brown fox jumps over the lazy dog 0123456789\"; done"
+    )
+
+
+def agent_responder(rounds: int, *, tool_names: tuple[str, ...] = ("Bash", "bash")) -> Any:
+    def respond(protocol: str, body: Mapping[str, Any]) -> Step | None:
+        tools = body.get("tools") or []
+        names = {t.get("name") or (t.get("function") or {}).get("name") for t in tools}
+        tool = next((n for n in tool_names if n in names), None)
+        text = json.dumps(body.get("messages") or [])
+        if tool is None:
+            return Step.reply("A short answer for a side request.")
+        done = max((int(n) for n in ROUND.findall(text)), default=0)
+        if done >= rounds:
+            return Step.reply(f"FINISHED {done} rounds.")
+        arguments: dict[str, Any] = {"command": round_command(done + 1)}
+        if tool == "Bash":
+            arguments["description"] = f"round {done + 1}"
+        return Step.tools({"name": tool, "arguments": arguments})
+
+    return respond
+
+
+class LiveGateway:
+    """Start with ``LiveGateway(window=…).start()``; stop with ``stop()``."""
+
+    def __init__(
+        self,
+        *,
+        window: int = 200_000,
+        max_output: int = 4096,
+        declared_window: int | None = None,
+        responder: Any = None,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.fake = FakeLLMServer(context_window=window, responder=responder)
+        self.window = window
+        self.declared_window = declared_window or window
+        self.max_output = max_output
+        self.extra_env = dict(extra_env or {})
+        self.server: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> LiveGateway:
+        self.fake.start()
+        entry = {"context_window": self.declared_window, "max_output": self.max_output}
+        models = {
+            f"anthropic/{ANTHROPIC_MODEL}": {"base_url": self.fake.anthropic_base_url, **entry},
+            "anthropic/claude-haiku-4-5": {"base_url": self.fake.anthropic_base_url, **entry},
+            f"openai/{OPENAI_MODEL}": {"base_url": self.fake.openai_base_url, **entry},
+        }
+        self.models_file = Path(tempfile.mkdtemp()) / "models.json"
+        self.models_file.write_text(json.dumps({"models": models}))
+        self.port = free_port()
+        env = dict(
+            child_env(),
+            ALLOWED_HOSTS="127.0.0.1,localhost",
+            ARBOR_MODELS=str(self.models_file),
+            ANTHROPIC_API_KEY="sk-ant-upstream-key",
+            OPENAI_API_KEY="sk-upstream-key",
+            ARBOR_INPROCESS_JOBS="thread",
+            **self.extra_env,
+        )
+        self.server = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "arbor.asgi:application",
+             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
+            cwd=ROOT, env=env,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.call("GET", "/gateway/openai/v1/models")
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "uvicorn did not start"
+                time.sleep(0.2)
+        self.user = make_user(f"harness{self.port}")
+        _, self.token = services.api_token_create(user=self.user, name="gateway")
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.terminate()
+            self.server.wait(20)
+            self.server = None
+        self.fake.stop()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def anthropic_base(self) -> str:
+        return f"{self.url}/gateway/anthropic"
+
+    @property
+    def openai_base(self) -> str:
+        return f"{self.url}/gateway/openai/v1"
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+    ) -> tuple[int, bytes, dict[str, str]]:
+        client = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        client.request(
+            method,
+            path,
+            body=json.dumps(body) if body is not None else None,
+            headers={"Content-Type": "application/json", **(headers or {})},
+        )
+        response = client.getresponse()
+        raw = response.read()
+        client.close()
+        return response.status, raw, {k.lower(): v for k, v in response.getheaders()}
