@@ -7,7 +7,13 @@ STAMP := $(VENV)/.installed-stamp
 # Checks and tests never need a real secret.
 TEST_ENV := SECRET_KEY=test-only-secret-key-not-for-production
 
-.PHONY: setup run test lint typecheck pytest bench clean
+# Real agent harnesses for the gateway tests (tests/test_gateway_harness.py), from the
+# npm registry at pinned versions. Without npm they are skipped, except under CI=true.
+HARNESS := var/harness
+HARNESS_STAMP := $(HARNESS)/.installed-stamp
+HARNESS_PACKAGES := @anthropic-ai/claude-code@2.1.197 @mariozechner/pi-coding-agent@0.73.1
+
+.PHONY: setup run test lint typecheck pytest bench clean harness
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,6 +22,17 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+$(HARNESS_STAMP): Makefile
+	@if command -v npm >/dev/null; then \
+	  mkdir -p $(HARNESS) && cd $(HARNESS) && \
+	  { [ -f package.json ] || echo '{"private": true}' > package.json; } && \
+	  npm install --no-audit --no-fund --loglevel=error $(HARNESS_PACKAGES) && \
+	  touch .installed-stamp; \
+	elif [ "$$CI" = true ]; then echo "npm is missing: the harness tests cannot run" >&2; exit 1; \
+	else echo "npm is missing: the harness tests will be skipped"; fi
+
+harness: $(HARNESS_STAMP)
 
 run: setup
 	mkdir -p var
@@ -31,7 +48,7 @@ lint: setup
 typecheck: setup
 	$(TEST_ENV) $(BIN)/mypy .
 
-pytest: setup
+pytest: setup harness
 	$(TEST_ENV) $(BIN)/pytest
 
 test: lint typecheck pytest

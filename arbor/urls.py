@@ -11,6 +11,8 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", api.urls),
     # The gateway: base URLs http://HOST/gateway/anthropic and http://HOST/gateway/openai/v1
+    path("gateway/anthropic", gateway.base),
+    path("gateway/openai/v1", gateway.base),
     path("gateway/anthropic/v1/messages", gateway.anthropic_messages),
     path("gateway/anthropic/v1/messages/count_tokens", gateway.anthropic_count_tokens),
     path("gateway/openai/v1/chat/completions", gateway.openai_chat),

@@ -36,7 +36,7 @@ def round_command(n: int, *, lines: int = 48) -> str:
     """A shell command printing round ``n``'s marker and ~3.4 KB of output."""
     return (
         f"echo ROUND-{n}; for i in $(seq 1 {lines}); do "
-        f"echo \"round {n} line $i: the quick brown fox jumps over the lazy dog 0123456789\"; done"
+        f'echo "round {n} line $i: the quick brown fox jumps over the lazy dog 0123456789"; done'
     )
 
 
@@ -99,10 +99,21 @@ class LiveGateway:
             **self.extra_env,
         )
         self.server = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "arbor.asgi:application",
-             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
-            cwd=ROOT, env=env,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "arbor.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+            ],
+            cwd=ROOT,
+            env=env,
+        )
         deadline = time.monotonic() + 30
         while True:
             try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+from typing import Any
 
 import anthropic
 import openai
@@ -35,7 +36,7 @@ def png(color: str = "red", size: tuple[int, int] = (64, 48)) -> bytes:
     return buffer.getvalue()
 
 
-BASH = {
+BASH: Any = {
     "name": "Bash",
     "description": "Run a shell command",
     "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}},
@@ -46,7 +47,7 @@ class AnthropicSdkTests(TransactionTestCase):
     def setUp(self) -> None:
         self.gateway = LiveGateway().start()
         self.addCleanup(self.gateway.stop)
-        self.client = anthropic.Anthropic(
+        self.sdk = anthropic.Anthropic(
             base_url=self.gateway.anthropic_base, api_key=self.gateway.token, max_retries=0
         )
 
@@ -57,7 +58,7 @@ class AnthropicSdkTests(TransactionTestCase):
 
     def test_plain_request_lands_in_the_tree_and_reaches_upstream_with_arbors_key(self) -> None:
         self.gateway.fake.push(Step.reply("Hello from upstream."))
-        reply = self.client.messages.create(
+        reply = self.sdk.messages.create(
             model=ANTHROPIC_MODEL,
             max_tokens=100,
             system="You are terse.",
@@ -85,19 +86,27 @@ class AnthropicSdkTests(TransactionTestCase):
             Step.tools({"name": "Bash", "arguments": {"command": "ls"}, "id": "toolu_1"}),
             Step.reply("Two files.", thinking="I listed them."),
         )
-        first = [{"role": "user", "content": "List files"}]
-        with self.client.messages.stream(
+        first: Any = [{"role": "user", "content": "List files"}]
+        with self.sdk.messages.stream(
             model=ANTHROPIC_MODEL, max_tokens=200, messages=first, tools=[BASH]
         ) as stream:
             answer = stream.get_final_message()
         self.assertEqual(answer.stop_reason, "tool_use")
         call = answer.content[-1]
-        second = [
+        second: Any = [
             *first,
-            {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in answer.content]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "a.txt\nb.txt"}]},
-        ]  # fmt: skip
-        with self.client.messages.stream(
+            {
+                "role": "assistant",
+                "content": [b.model_dump(exclude_none=True) for b in answer.content],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": call.id, "content": "a.txt\nb.txt"}
+                ],
+            },
+        ]
+        with self.sdk.messages.stream(
             model=ANTHROPIC_MODEL, max_tokens=200, messages=second, tools=[BASH]
         ) as stream:
             final = stream.get_final_message()
@@ -114,14 +123,22 @@ class AnthropicSdkTests(TransactionTestCase):
 
     def test_image_becomes_a_blob(self) -> None:
         data = base64.b64encode(png()).decode()
-        self.client.messages.create(
+        self.sdk.messages.create(
             model=ANTHROPIC_MODEL,
             max_tokens=50,
-            messages=[{"role": "user", "content": [
-                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}},
-                {"type": "text", "text": "What colour?"},
-            ]}],
-        )  # fmt: skip
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "image",
+                            "source": {"type": "base64", "media_type": "image/png", "data": data},
+                        },
+                        {"type": "text", "text": "What colour?"},
+                    ],
+                }
+            ],
+        )
         path = path_of(self.only_conversation())
         image = path[0].parts[0]
         self.assertEqual((image["type"], image["width"], image["height"]), ("image", 64, 48))
@@ -129,13 +146,13 @@ class AnthropicSdkTests(TransactionTestCase):
     def test_upstream_errors_reach_the_client_in_its_shape(self) -> None:
         self.gateway.fake.push(Step.error(429, "slow down", retry_after=7))
         with self.assertRaises(anthropic.RateLimitError) as caught:
-            self.client.messages.create(
+            self.sdk.messages.create(
                 model=ANTHROPIC_MODEL, max_tokens=10, messages=[{"role": "user", "content": "hi"}]
             )
         self.assertEqual(caught.exception.response.headers.get("retry-after"), "7")
         self.gateway.fake.push(Step.error(529, "overloaded"))
         with self.assertRaises(anthropic.APIStatusError) as status:
-            self.client.messages.create(
+            self.sdk.messages.create(
                 model=ANTHROPIC_MODEL, max_tokens=10, messages=[{"role": "user", "content": "hi"}]
             )
         self.assertEqual(status.exception.status_code, 529)
@@ -143,7 +160,7 @@ class AnthropicSdkTests(TransactionTestCase):
 
     def test_max_tokens_stop_reason(self) -> None:
         self.gateway.fake.push(Step(text="cut", finish_reason="length"))
-        reply = self.client.messages.create(
+        reply = self.sdk.messages.create(
             model=ANTHROPIC_MODEL, max_tokens=1, messages=[{"role": "user", "content": "long"}]
         )
         self.assertEqual(reply.stop_reason, "max_tokens")
@@ -157,14 +174,16 @@ class AnthropicSdkTests(TransactionTestCase):
                 model=ANTHROPIC_MODEL, max_tokens=10, messages=[{"role": "user", "content": "x"}]
             )
         with self.assertRaises(anthropic.BadRequestError) as unknown:
-            self.client.messages.create(
+            self.sdk.messages.create(
                 model="nobody-knows-me", max_tokens=10, messages=[{"role": "user", "content": "x"}]
             )
         self.assertIn("not configured", str(unknown.exception))
         status, raw, _ = self.gateway.call(
-            "POST", "/gateway/anthropic/v1/messages", {"model": ANTHROPIC_MODEL, "messages": [{"role": "robot", "content": "x"}]},
+            "POST",
+            "/gateway/anthropic/v1/messages",
+            {"model": ANTHROPIC_MODEL, "messages": [{"role": "robot", "content": "x"}]},
             headers={"x-api-key": self.gateway.token},
-        )  # fmt: skip
+        )
         self.assertEqual(status, 400)
         self.assertEqual(json.loads(raw)["error"]["type"], "invalid_request_error")
         self.assertFalse(Message.objects.exists())
@@ -175,41 +194,73 @@ class OpenAISdkTests(TransactionTestCase):
     def setUp(self) -> None:
         self.gateway = LiveGateway().start()
         self.addCleanup(self.gateway.stop)
-        self.client = openai.OpenAI(
+        self.sdk = openai.OpenAI(
             base_url=self.gateway.openai_base, api_key=self.gateway.token, max_retries=0
         )
 
     def test_plain_stream_tools_models_and_errors(self) -> None:
-        self.assertIn(OPENAI_MODEL, [m.id for m in self.client.models.list()])
+        self.assertIn(OPENAI_MODEL, [m.id for m in self.sdk.models.list()])
         self.gateway.fake.push(Step.reply("Plain answer."))
-        reply = self.client.chat.completions.create(
+        reply = self.sdk.chat.completions.create(
             model=OPENAI_MODEL,
-            messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+            messages=[
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi"},
+            ],
         )
         self.assertEqual(reply.choices[0].message.content, "Plain answer.")
         self.gateway.fake.push(
             Step.tools({"name": "bash", "arguments": {"command": "date"}, "id": "call_1"}),
             Step.reply("It is today."),
         )
-        tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]  # fmt: skip
-        messages: list[dict] = [
+        tools: Any = [
+            {
+                "type": "function",
+                "function": {
+                    "name": "bash",
+                    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+                },
+            }
+        ]
+        messages: Any = [
             {"role": "system", "content": "Be brief."},
             {"role": "user", "content": "What date is it?"},
         ]
-        chunks = list(self.client.chat.completions.create(model=OPENAI_MODEL, messages=messages, tools=tools, stream=True))  # fmt: skip
-        calls = [c for chunk in chunks for choice in chunk.choices for c in (choice.delta.tool_calls or [])]  # fmt: skip
+        chunks = list(
+            self.sdk.chat.completions.create(
+                model=OPENAI_MODEL, messages=messages, tools=tools, stream=True
+            )
+        )
+        calls = [
+            c
+            for chunk in chunks
+            for choice in chunk.choices
+            for c in (choice.delta.tool_calls or [])
+        ]
         self.assertEqual(calls[0].function.name, "bash")
         messages += [
-            {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": "date"})}}]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "bash", "arguments": json.dumps({"command": "date"})},
+                    }
+                ],
+            },
             {"role": "tool", "tool_call_id": "call_1", "content": "Tue"},
-        ]  # fmt: skip
-        final = self.client.chat.completions.create(model=OPENAI_MODEL, messages=messages, tools=tools)  # fmt: skip
+        ]
+        final = self.sdk.chat.completions.create(model=OPENAI_MODEL, messages=messages, tools=tools)
         self.assertEqual(final.choices[0].message.content, "It is today.")
-        tool_conversation = Conversation.objects.get(owner=self.gateway.user, title="What date is it?")  # fmt: skip
+        tool_conversation = Conversation.objects.get(
+            owner=self.gateway.user, title="What date is it?"
+        )
         self.assertEqual(
             [m.role for m in path_of(tool_conversation)], ["user", "assistant", "tool", "assistant"]
         )
         self.gateway.fake.push(Step.error(429, "too many", retry_after=3))
         with self.assertRaises(openai.RateLimitError) as caught:
-            self.client.chat.completions.create(model=OPENAI_MODEL, messages=messages)
+            self.sdk.chat.completions.create(model=OPENAI_MODEL, messages=messages)
         self.assertEqual(caught.exception.response.headers.get("retry-after"), "3")

@@ -56,7 +56,7 @@ class Exchange:
     protocol: str  # "anthropic" | "openai"
     body: dict[str, Any]
     # The conversation's wire messages, in order (OpenAI: without leading system ones).
-    wire: list[dict[str, Any]]
+    messages: list[dict[str, Any]]
     system: str
     tools: list[dict[str, Any]]
     digests: list[str]
@@ -69,7 +69,8 @@ class Exchange:
     def raw_tokens(self, rule: str) -> int:
         """The estimator's raw count of the request as the client sent it."""
         fixed = request_tokens((), rule=rule, system=self.system, tools=self.tools)
-        return fixed + sum(_message_raw(d, dr, rule) for d, dr in zip(self.digests, self.drafts))
+        pairs = zip(self.digests, self.drafts, strict=True)
+        return fixed + sum(_message_raw(digest, drafts, rule) for digest, drafts in pairs)
 
 
 @dataclass
@@ -186,7 +187,7 @@ def exchange_read(
     return Exchange(
         protocol=protocol,
         body=body,
-        wire=wire_messages,
+        messages=wire_messages,
         system=system,
         tools=tools,
         digests=digests,
@@ -361,14 +362,18 @@ def exchange_store(
     last message (the tip)."""
     start = placement.matched
     groups: list[tuple[int, str, list[wire.Draft]]] = [
-        (i, exchange.keys[i], exchange.drafts[i]) for i in range(start, len(exchange.wire))
+        (i, exchange.keys[i], exchange.drafts[i]) for i in range(start, len(exchange.messages))
     ]
     extra: dict[int, dict[str, Any]] = {}
     if answer is not None:
-        to_drafts = wire.anthropic_drafts if exchange.protocol == "anthropic" else wire.openai_drafts
-        to_digest = wire.anthropic_digest if exchange.protocol == "anthropic" else wire.openai_digest
+        to_drafts = (
+            wire.anthropic_drafts if exchange.protocol == "anthropic" else wire.openai_drafts
+        )
+        to_digest = (
+            wire.anthropic_digest if exchange.protocol == "anthropic" else wire.openai_digest
+        )
         digests = [*exchange.digests, to_digest(answer)]
-        index = len(exchange.wire)
+        index = len(exchange.messages)
         groups.append((index, wire.chain_keys(digests)[-1], to_drafts(answer, "answer")))
         extra[index] = dict(answer_metadata or {})
     if not groups:
@@ -396,7 +401,7 @@ def exchange_store(
         Conversation.objects.filter(pk=conversation.pk).update(
             tip_id=new.last, version=F("version") + 1, **changes
         )
-    placement.matched = len(exchange.wire) + (1 if answer is not None else 0)
+    placement.matched = len(exchange.messages) + (1 if answer is not None else 0)
     placement.parent_id = new.last
     return new.last
 
@@ -446,7 +451,7 @@ def _prepared(placement: Placement, exchange: Exchange) -> tuple[Any, list[dict[
     archived = _archived(placement)
     owner = placement.conversation.owner
     pending: list[dict[str, Any]] = []
-    for i in range(placement.matched, len(exchange.wire)):
+    for i in range(placement.matched, len(exchange.messages)):
         for member, draft in enumerate(exchange.drafts[i]):
             pending.append(
                 {
@@ -488,12 +493,12 @@ def forward_build(
     if overflow is None:
         context = compaction.context_build(
             **common, budget=budget, target=target, trigger=Trigger.PROACTIVE
-        )  # type: ignore[arg-type]
+        )
     else:
         if sent is None:  # the originals went out: their view, without compacting
             sent = compaction.context_build(
                 **common, budget=10**9, compact=False, preview_pages=False
-            )  # type: ignore[arg-type]
+            )
         context = compaction.context_after_overflow(
             conversation=placement.conversation,
             spec=spec,
@@ -537,7 +542,9 @@ def _assemble(
         position[f"{compaction.PENDING}{i}"] = m["wire"]
         original[f"{compaction.PENDING}{i}"] = m["parts"]
     record_ids = {str(m["id"]) for m in (context.record.view if context.record else [])}
-    convert = wire.to_anthropic_messages if exchange.protocol == "anthropic" else wire.to_openai_messages
+    convert = (
+        wire.to_anthropic_messages if exchange.protocol == "anthropic" else wire.to_openai_messages
+    )
     out: list[dict[str, Any]] = []
     prefix_end: int | None = None
     buffer: list[dict[str, Any]] = []
@@ -556,7 +563,7 @@ def _assemble(
     while i < len(messages):
         m = messages[i]
         at = position.get(str(m["id"]))
-        if at is not None and at[1] == 0 and at[0] < len(exchange.wire):
+        if at is not None and at[1] == 0 and at[0] < len(exchange.messages):
             n = sizes[at[0]]
             group = messages[i : i + n]
             if len(group) == n and all(
@@ -564,7 +571,7 @@ def _assemble(
                 for j, g in enumerate(group)
             ):
                 flush()
-                out.append(exchange.wire[at[0]])
+                out.append(exchange.messages[at[0]])
                 if any(str(g["id"]) in record_ids for g in group):
                     prefix_end = len(out) - 1
                 i += n

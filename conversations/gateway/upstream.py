@@ -88,7 +88,12 @@ def client() -> httpx2.AsyncClient:
     loop = id(asyncio.get_running_loop())
     found = _clients.get(loop)
     if found is None or found.is_closed:
-        timeout = httpx2.Timeout(connect=10.0, read=float(os.environ.get("ARBOR_GATEWAY_READ_TIMEOUT", "600")), write=60.0, pool=10.0)  # fmt: skip
+        timeout = httpx2.Timeout(
+            connect=10.0,
+            read=float(os.environ.get("ARBOR_GATEWAY_READ_TIMEOUT", "600")),
+            write=60.0,
+            pool=10.0,
+        )
         found = _clients[loop] = httpx2.AsyncClient(timeout=timeout, trust_env=False)
     return found
 

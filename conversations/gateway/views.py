@@ -21,6 +21,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from compaction import services as compaction
@@ -45,7 +46,14 @@ class Protocol:
         if self.name == "anthropic":
             body: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
         else:
-            body = {"error": {"message": message, "type": kind, "param": None, "code": extra.get("code")}}  # fmt: skip
+            body = {
+                "error": {
+                    "message": message,
+                    "type": kind,
+                    "param": None,
+                    "code": extra.get("code"),
+                }
+            }
         response = JsonResponse(body, status=status)
         for key, value in extra.get("headers", {}).items():
             response[key] = value
@@ -55,14 +63,29 @@ class Protocol:
 ANTHROPIC = Protocol("anthropic", "/v1/messages")
 OPENAI = Protocol("openai", "/chat/completions")
 
-_ANTHROPIC_KIND = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error", 413: "request_too_large", 422: "invalid_request_error"}  # fmt: skip
-_OPENAI_KIND = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error"}  # fmt: skip
+_ANTHROPIC_KIND = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+}
+_OPENAI_KIND = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    404: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+}
 
 
 def _arbor_error(protocol: Protocol, exc: ArborError) -> JsonResponse:
     status = 400 if exc.status == 422 else exc.status
     table = _ANTHROPIC_KIND if protocol.name == "anthropic" else _OPENAI_KIND
-    return protocol.error(status, table.get(status, "invalid_request_error"), exc.detail, code=exc.code)
+    return protocol.error(
+        status, table.get(status, "invalid_request_error"), exc.detail, code=exc.code
+    )
 
 
 # Harness requests outgrow Django's 2.5 MB form-data limit (Anthropic takes 32 MB).
@@ -141,7 +164,12 @@ def _compacted_body(
         messages = _cache_breakpoint(body, messages, forward.prefix_end)
         body["messages"] = messages
     else:
-        leading = [m for m in body.get("messages", [])[: len(body.get("messages", [])) - len(exchange.wire)]]  # fmt: skip
+        leading = [
+            m
+            for m in body.get("messages", [])[
+                : len(body.get("messages", [])) - len(exchange.messages)
+            ]
+        ]
         body["messages"] = leading + messages
     return _body_bytes(body)
 
@@ -162,7 +190,10 @@ def _without_breakpoints(message: dict[str, Any]) -> dict[str, Any]:
     content = message.get("content")
     if not isinstance(content, list):
         return message
-    blocks = [{k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b for b in content]  # fmt: skip
+    blocks = [
+        {k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b
+        for b in content
+    ]
     return {**message, "content": blocks}
 
 
@@ -183,8 +214,15 @@ def _cache_breakpoint(
     if isinstance(content[-1].get("cache_control"), dict):
         return messages
     messages = list(messages)
-    messages[prefix_end] = {**target, "content": [*content[:-1], {**content[-1], "cache_control": {"type": "ephemeral"}}]}  # fmt: skip
-    total = _count_breakpoints(body.get("system")) + _count_breakpoints(body.get("tools")) + _count_breakpoints(messages)  # fmt: skip
+    messages[prefix_end] = {
+        **target,
+        "content": [*content[:-1], {**content[-1], "cache_control": {"type": "ephemeral"}}],
+    }
+    total = (
+        _count_breakpoints(body.get("system"))
+        + _count_breakpoints(body.get("tools"))
+        + _count_breakpoints(messages)
+    )
     i = 0
     while total > MAX_BREAKPOINTS and i < len(messages):
         if i != prefix_end and _count_breakpoints(messages[i]):
@@ -213,9 +251,13 @@ def _prepare(
     tools = [t for t in body.get("tools") or [] if isinstance(t, dict)]
     try:
         exchange = services.exchange_read(
-            protocol=protocol.name, body=body, wire_messages=conversation_messages,
-            system=system, tools=tools, headers=headers,
-        )  # fmt: skip
+            protocol=protocol.name,
+            body=body,
+            wire_messages=conversation_messages,
+            system=system,
+            tools=tools,
+            headers=headers,
+        )
     except wire.WireError as exc:
         raise ArborError(str(exc), code="invalid_messages") from None
     placement = services.placement_find(
@@ -239,9 +281,12 @@ def _recover(prep: Prepared, overflow: ContextOverflow) -> bytes | None:
     below the limit it reported. None when no smaller request can be made."""
     try:
         forward = services.forward_build(
-            placement=prep.placement, exchange=prep.exchange, spec=prep.spec,
-            overflow=overflow, sent=prep.forward.context if prep.forward else None,
-        )  # fmt: skip
+            placement=prep.placement,
+            exchange=prep.exchange,
+            spec=prep.spec,
+            overflow=overflow,
+            sent=prep.forward.context if prep.forward else None,
+        )
     except ContextOverflow:
         return None
     body = _compacted_body(prep.protocol, prep.exchange, prep.spec, forward)
@@ -256,8 +301,14 @@ def _finish(prep: Prepared, answer: dict[str, Any], metadata: dict[str, Any]) ->
     usage = metadata.get("usage") or {}
     measured = usage.get("input_tokens")
     if measured and prep.protocol.name == "anthropic":
-        measured += (usage.get("cache_read_input_tokens") or 0) + (usage.get("cache_creation_input_tokens") or 0)  # fmt: skip
-    sent_raw = prep.forward.context.view.raw_tokens if prep.forward and prep.forward.context.view else prep.raw_estimate  # fmt: skip
+        measured += (usage.get("cache_read_input_tokens") or 0) + (
+            usage.get("cache_creation_input_tokens") or 0
+        )
+    sent_raw = (
+        prep.forward.context.view.raw_tokens
+        if prep.forward and prep.forward.context.view
+        else prep.raw_estimate
+    )
     services.usage_learn(spec=prep.spec, raw_estimate=sent_raw, input_tokens=measured)
     services.record_measured(prep.forward, measured)
     services.exchange_store(
@@ -281,7 +332,11 @@ def _overflow_of(status: int, raw: bytes) -> ContextOverflow | None:
 
 
 def _sse_data(event: bytes) -> str | None:
-    lines = [line[5:].lstrip() for line in event.decode("utf-8", "replace").splitlines() if line.startswith("data:")]  # fmt: skip
+    lines = [
+        line[5:].lstrip()
+        for line in event.decode("utf-8", "replace").splitlines()
+        if line.startswith("data:")
+    ]
     return "\n".join(lines) if lines else None
 
 
@@ -327,31 +382,43 @@ async def _store_answer(prep: Prepared, answer: Any) -> None:
     else:
         message = answer.result()
         metadata = wire.openai_answer_metadata(
-            message, model_id=prep.spec.id, finish_reason=answer.finish_reason,
-            usage=answer.usage, response_id=answer.id,
-        )  # fmt: skip
+            message,
+            model_id=prep.spec.id,
+            finish_reason=answer.finish_reason,
+            usage=answer.usage,
+            response_id=answer.id,
+        )
     try:
         await sync_to_async(_finish)(prep, message, metadata)
     except Exception:  # the harness still gets its answer; its next request stores it
         log.exception("gateway: writing the exchange failed")
 
 
-async def _handle(protocol: Protocol, request: HttpRequest) -> HttpResponse:
+async def _handle(protocol: Protocol, request: HttpRequest) -> HttpResponseBase:
     if request.method != "POST":
         return protocol.error(405, "invalid_request_error", "use POST")
     user = await _user(request)
     if user is None:
         kind = "authentication_error" if protocol.name == "anthropic" else "invalid_request_error"
-        return protocol.error(401, kind, "send an Arbor API token as x-api-key or Authorization: Bearer", code="invalid_api_key")  # fmt: skip
+        return protocol.error(
+            401,
+            kind,
+            "send an Arbor API token as x-api-key or Authorization: Bearer",
+            code="invalid_api_key",
+        )
     raw_body = _read_body(request)
     if raw_body is None:
-        return protocol.error(413, "request_too_large", f"the request is larger than {MAX_BODY} bytes")  # fmt: skip
+        return protocol.error(
+            413, "request_too_large", f"the request is larger than {MAX_BODY} bytes"
+        )
     try:
         body = json.loads(raw_body)
     except (ValueError, UnicodeDecodeError):
         return protocol.error(400, "invalid_request_error", "the request body is not valid JSON")
     if not isinstance(body, dict):
-        return protocol.error(400, "invalid_request_error", "the request body must be a JSON object")  # fmt: skip
+        return protocol.error(
+            400, "invalid_request_error", "the request body must be a JSON object"
+        )
     headers = {k.lower(): v for k, v in request.headers.items()}
     try:
         prep = await sync_to_async(_prepare)(protocol, user, body, headers, raw_body)
@@ -364,8 +431,10 @@ async def _handle(protocol: Protocol, request: HttpRequest) -> HttpResponse:
         prep.attempts.append(prep.body)
         try:
             response = await upstream.send(url, out_headers, prep.body)
-        except Exception as exc:  # noqa: BLE001 - any transport failure is the upstream's
-            return protocol.error(502, "api_error", f"the upstream is unreachable: {type(exc).__name__}")  # fmt: skip
+        except Exception as exc:
+            return protocol.error(
+                502, "api_error", f"the upstream is unreachable: {type(exc).__name__}"
+            )
         if response.status_code == 200:
             break
         raw = await response.aread()
@@ -373,12 +442,18 @@ async def _handle(protocol: Protocol, request: HttpRequest) -> HttpResponse:
         overflow = _overflow_of(response.status_code, raw)
         retry = await sync_to_async(_recover)(prep, overflow) if overflow is not None else None
         if retry is None:
-            return HttpResponse(raw, status=response.status_code, headers=upstream.response_headers(response.headers))  # fmt: skip
+            return HttpResponse(
+                raw,
+                status=response.status_code,
+                headers=upstream.response_headers(response.headers),
+            )
         prep.body = retry
     assert response is not None
     relayed = upstream.response_headers(response.headers)
     if body.get("stream"):
-        return StreamingHttpResponse(_relay(prep, response), headers={**relayed, "cache-control": "no-cache"})  # fmt: skip
+        return StreamingHttpResponse(
+            _relay(prep, response), headers={**relayed, "cache-control": "no-cache"}
+        )
     raw = await response.aread()
     await response.aclose()
     try:
@@ -393,9 +468,12 @@ async def _handle(protocol: Protocol, request: HttpRequest) -> HttpResponse:
             choice = (result.get("choices") or [{}])[0]
             message = dict(choice.get("message") or {"role": "assistant", "content": ""})
             metadata = wire.openai_answer_metadata(
-                message, model_id=prep.spec.id, finish_reason=choice.get("finish_reason"),
-                usage=result.get("usage") or {}, response_id=str(result.get("id", "")),
-            )  # fmt: skip
+                message,
+                model_id=prep.spec.id,
+                finish_reason=choice.get("finish_reason"),
+                usage=result.get("usage") or {},
+                response_id=str(result.get("id", "")),
+            )
         try:
             await sync_to_async(_finish)(prep, message, metadata)
         except Exception:
@@ -404,12 +482,12 @@ async def _handle(protocol: Protocol, request: HttpRequest) -> HttpResponse:
 
 
 @csrf_exempt
-async def anthropic_messages(request: HttpRequest) -> HttpResponse:
+async def anthropic_messages(request: HttpRequest) -> HttpResponseBase:
     return await _handle(ANTHROPIC, request)
 
 
 @csrf_exempt
-async def openai_chat(request: HttpRequest) -> HttpResponse:
+async def openai_chat(request: HttpRequest) -> HttpResponseBase:
     return await _handle(OPENAI, request)
 
 
@@ -419,9 +497,13 @@ def _count(protocol: Protocol, user: Any, body: dict[str, Any], headers: dict[st
     tools = [t for t in body.get("tools") or [] if isinstance(t, dict)]
     try:
         exchange = services.exchange_read(
-            protocol="anthropic", body=body, wire_messages=list(body.get("messages") or []),
-            system=system, tools=tools, headers=headers,
-        )  # fmt: skip
+            protocol="anthropic",
+            body=body,
+            wire_messages=list(body.get("messages") or []),
+            system=system,
+            tools=tools,
+            headers=headers,
+        )
     except wire.WireError as exc:
         raise ArborError(str(exc), code="invalid_messages") from None
     calibration: Calibration = compaction.calibration_get(spec.id)[0]
@@ -433,12 +515,18 @@ async def anthropic_count_tokens(request: HttpRequest) -> HttpResponse:
     """The upstream's own count where it has the endpoint; else Arbor's estimate."""
     user = await _user(request)
     if user is None:
-        return ANTHROPIC.error(401, "authentication_error", "send an Arbor API token as x-api-key or Authorization: Bearer")  # fmt: skip
+        return ANTHROPIC.error(
+            401,
+            "authentication_error",
+            "send an Arbor API token as x-api-key or Authorization: Bearer",
+        )
     try:
         body = json.loads(_read_body(request) or b"")
         assert isinstance(body, dict)
     except (ValueError, AssertionError, UnicodeDecodeError):
-        return ANTHROPIC.error(400, "invalid_request_error", "the request body must be a JSON object")  # fmt: skip
+        return ANTHROPIC.error(
+            400, "invalid_request_error", "the request body must be a JSON object"
+        )
     headers = {k.lower(): v for k, v in request.headers.items()}
     try:
         spec = await sync_to_async(_spec)(ANTHROPIC, body.get("model"))
@@ -447,12 +535,16 @@ async def anthropic_count_tokens(request: HttpRequest) -> HttpResponse:
         return _arbor_error(ANTHROPIC, exc)
     url = upstream.url_for(spec, "/v1/messages/count_tokens", request.META.get("QUERY_STRING", ""))
     try:
-        response = await upstream.send(url, upstream.headers_for(spec, dict(request.headers)), _body_bytes({**body, "model": spec.model}))  # fmt: skip
+        response = await upstream.send(
+            url,
+            upstream.headers_for(spec, dict(request.headers)),
+            _body_bytes({**body, "model": spec.model}),
+        )
         raw = await response.aread()
         await response.aclose()
         if response.status_code == 200:
             return HttpResponse(raw, status=200, content_type="application/json")
-    except Exception:  # noqa: BLE001 - fall back to the estimate
+    except Exception:
         pass
     return JsonResponse({"input_tokens": estimate})
 
@@ -468,6 +560,16 @@ def _model_list() -> list[dict[str, Any]]:
 async def openai_models(request: HttpRequest) -> HttpResponse:
     user = await _user(request)
     if user is None:
-        return OPENAI.error(401, "invalid_request_error", "send an Arbor API token as Authorization: Bearer", code="invalid_api_key")  # fmt: skip
+        return OPENAI.error(
+            401,
+            "invalid_request_error",
+            "send an Arbor API token as Authorization: Bearer",
+            code="invalid_api_key",
+        )
     data = await sync_to_async(_model_list)()
     return JsonResponse({"object": "list", "data": data})
+
+
+async def base(request: HttpRequest) -> HttpResponse:
+    """The base URLs themselves answer (harnesses probe them before the first request)."""
+    return JsonResponse({"gateway": "arbor", "endpoints": ["/v1/messages", "/v1/chat/completions"]})

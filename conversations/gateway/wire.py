@@ -193,7 +193,9 @@ def anthropic_system_text(system: Any) -> str:
         return system
     if isinstance(system, list):
         return "\n\n".join(
-            str(b.get("text", "")) for b in system if isinstance(b, dict) and b.get("type") == "text"
+            str(b.get("text", ""))
+            for b in system
+            if isinstance(b, dict) and b.get("type") == "text"
         )
     return ""
 
@@ -316,10 +318,14 @@ def openai_digest(message: Mapping[str, Any]) -> str:
         if k != ["text", ""]
     ]
     calls = [
-        [c.get("id"), (c.get("function") or {}).get("name"),
-         _arguments((c.get("function") or {}).get("arguments"))]
-        for c in message.get("tool_calls") or [] if isinstance(c, dict)
-    ]  # fmt: skip
+        [
+            c.get("id"),
+            (c.get("function") or {}).get("name"),
+            _arguments((c.get("function") or {}).get("arguments")),
+        ]
+        for c in message.get("tool_calls") or []
+        if isinstance(c, dict)
+    ]
     key = [role, content, calls, message.get("tool_call_id")]
     return hashlib.sha256(_json(key).encode()).hexdigest()
 
@@ -349,8 +355,13 @@ def openai_drafts(message: Mapping[str, Any], where: str = "messages") -> list[D
     role = message.get("role")
     if role in ("system", "developer"):
         parts = _openai_parts(message.get("content"), where)
-        return [{"role": "system", "parts": [p for p in parts if p["type"] == "text"] or [
-            {"type": "text", "text": ""}]}]  # fmt: skip
+        return [
+            {
+                "role": "system",
+                "parts": [p for p in parts if p["type"] == "text"]
+                or [{"type": "text", "text": ""}],
+            }
+        ]
     if role == "user":
         parts = _openai_parts(message.get("content"), where)
         return [{"role": "user", "parts": parts or [{"type": "text", "text": ""}]}]
@@ -394,8 +405,11 @@ def openai_split_system(messages: list[Any]) -> tuple[str, list[Any]]:
     while i < len(messages) and isinstance(messages[i], dict):
         if messages[i].get("role") not in ("system", "developer"):
             break
-        texts += [p["text"] for p in _openai_parts(messages[i].get("content"), "system")
-                  if p["type"] == "text"]  # fmt: skip
+        texts += [
+            p["text"]
+            for p in _openai_parts(messages[i].get("content"), "system")
+            if p["type"] == "text"
+        ]
         i += 1
     return "\n\n".join(texts), messages[i:]
 
@@ -446,9 +460,13 @@ class OpenAIAnswer:
 
 
 def openai_answer_metadata(
-    message: Mapping[str, Any], *, model_id: str, finish_reason: Any, usage: Mapping[str, Any],
+    message: Mapping[str, Any],
+    *,
+    model_id: str,
+    finish_reason: Any,
+    usage: Mapping[str, Any],
     response_id: str,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     metadata: dict[str, Any] = {"model": model_id, "finish_reason": finish_reason}
     if usage:
         metadata["usage"] = {
@@ -468,8 +486,10 @@ def to_anthropic_messages(messages: Sequence[Mapping[str, Any]], load_blob: Any)
 
     payload = to_anthropic(messages, load_blob=load_blob)
     if payload.system:  # a summary's system note, said as the user
-        return [{"role": "user", "content": [{"type": "text", "text": payload.system}]},
-                *payload.messages]  # fmt: skip
+        return [
+            {"role": "user", "content": [{"type": "text", "text": payload.system}]},
+            *payload.messages,
+        ]
     return list(payload.messages)
 
 
