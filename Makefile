@@ -60,6 +60,7 @@ bench: setup
 	$(TEST_ENV) $(BIN)/python manage.py bench_turns
 	$(TEST_ENV) $(BIN)/python manage.py bench_compaction
 	$(TEST_ENV) $(BIN)/python manage.py bench_import
+	$(TEST_ENV) $(BIN)/python manage.py bench_gateway
 
 clean:
 	rm -rf $(VENV) var/*.sqlite3

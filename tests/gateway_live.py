@@ -89,6 +89,13 @@ class LiveGateway:
         self.models_file = Path(tempfile.mkdtemp()) / "models.json"
         self.models_file.write_text(json.dumps({"models": models}))
         self.port = free_port()
+        self.serve()
+        self.user = make_user(f"harness{self.port}")
+        _, self.token = services.api_token_create(user=self.user, name="gateway")
+        return self
+
+    def serve(self) -> None:
+        """Start (or restart, after ``kill``) the server process on the same port."""
         env = dict(
             child_env(),
             ALLOWED_HOSTS="127.0.0.1,localhost",
@@ -99,32 +106,25 @@ class LiveGateway:
             **self.extra_env,
         )
         self.server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "arbor.asgi:application",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--log-level",
-                "warning",
-            ],
-            cwd=ROOT,
-            env=env,
-        )
+            [sys.executable, "-m", "uvicorn", "arbor.asgi:application",
+             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
+            cwd=ROOT, env=env,
+        )  # fmt: skip
         deadline = time.monotonic() + 30
         while True:
             try:
-                self.call("GET", "/gateway/openai/v1/models")
+                self.call("GET", "/gateway/anthropic")
                 break
             except OSError:
                 assert time.monotonic() < deadline, "uvicorn did not start"
                 time.sleep(0.2)
-        self.user = make_user(f"harness{self.port}")
-        _, self.token = services.api_token_create(user=self.user, name="gateway")
-        return self
+
+    def kill(self) -> None:
+        """kill -9 the server process."""
+        assert self.server is not None
+        self.server.kill()
+        self.server.wait(20)
+        self.server = None
 
     def stop(self) -> None:
         if self.server is not None:

@@ -1,0 +1,340 @@
+"""``manage.py bench_gateway``: what the gateway costs a harness, and what it saves.
+
+Runs the `make run` server (uvicorn) against the loopback upstream, in one run:
+
+- **latency**: the same request sent straight to the upstream and through the gateway,
+  alternately, for a 10-message and a 300-message conversation: total time and time to
+  first byte (streaming), p50/p95, and what the gateway adds;
+- **billing**: a replayed agent session of ``--requests`` requests (each adds one tool
+  round), as a harness sends it (cache breakpoints on the system prompt and on the last
+  message, as Claude Code does), billed under Anthropic's cache pricing (uncached 1.0,
+  cache write 1.25, cache read 0.1; conversations/gateway/cache_model.py) for: no
+  compaction (until the window makes the request fail), naive per-request compaction
+  (the oldest tool results trimmed until each request fits, as trimming proxies do), and
+  Arbor's cache-stable compaction (the upstream's log of what the gateway sent).
+
+One JSON object on stdout; progress on stderr. The bench user and its data are deleted.
+"""
+
+from __future__ import annotations
+
+import copy
+import http.client
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandParser
+
+from compaction.models import CompactionRecord
+from conversations import services
+from conversations.gateway.cache_model import Bill, PromptCache
+from conversations.models import Conversation
+from conversations.providers.fake import FakeLLMServer, Step, count_anthropic_request
+
+BENCH_USERNAME = "__arbor_bench_gateway__"
+MODEL = "claude-sonnet-4-5"
+EPHEMERAL = {"type": "ephemeral"}
+SYSTEM = "You are a coding agent. Work through the task with the Bash tool. " * 20
+TOOLS = [
+    {
+        "name": "Bash",
+        "description": "Run a shell command and return its output. " * 10,
+        "input_schema": {
+            "type": "object",
+            "properties": {"command": {"type": "string", "description": "the command"}},
+            "required": ["command"],
+        },
+    }
+]
+
+
+def _output(n: int) -> str:
+    return "\n".join(
+        f"step {n} line {i}: build/output/module_{n % 17}.o compiled in {n * 7 % 100} ms"
+        for i in range(20)
+    )
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class _Client:
+    """One keep-alive HTTP connection to a base URL."""
+
+    def __init__(self, base: str) -> None:
+        parts = urlsplit(base)
+        self.host, self.port, self.prefix = parts.hostname or "", parts.port or 80, parts.path
+        self.conn = http.client.HTTPConnection(self.host, self.port, timeout=120)
+
+    def post(
+        self, path: str, body: bytes, headers: dict[str, str]
+    ) -> tuple[int, bytes, float, float]:
+        started = time.perf_counter()
+        self.conn.request("POST", self.prefix + path, body=body, headers=headers)
+        response = self.conn.getresponse()
+        first = response.read(1)
+        ttfb = time.perf_counter() - started
+        raw = first + response.read()
+        return response.status, raw, time.perf_counter() - started, ttfb
+
+
+def _conversation(n: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing build."}]
+    i = 0
+    while len(messages) < n:
+        i += 1
+        call = f"toolu_bench_{i:05d}"
+        messages.append(
+            {"role": "assistant", "content": [
+                {"type": "text", "text": f"Looking at step {i}."},
+                {"type": "tool_use", "id": call, "name": "Bash", "input": {"command": f"make step{i}"}},
+            ]}
+        )  # fmt: skip
+        messages.append(
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": call, "content": _output(i)[:600]},
+            ]}
+        )  # fmt: skip
+    messages = messages[:n]
+    if messages[-1]["role"] == "assistant":
+        messages.append({"role": "user", "content": "Go on."})
+    return messages
+
+
+def _with_breakpoints(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What Claude Code does: a breakpoint on the last block of the last message."""
+    out = copy.deepcopy(messages)
+    content = out[-1]["content"]
+    if isinstance(content, str):
+        content = [{"type": "text", "text": content}]
+    content[-1] = {**content[-1], "cache_control": EPHEMERAL}
+    out[-1]["content"] = content
+    return out
+
+
+def _body(messages: list[dict[str, Any]], *, stream: bool = False) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "max_tokens": 1024,
+        "stream": stream,
+        "system": [{"type": "text", "text": SYSTEM, "cache_control": EPHEMERAL}],
+        "tools": TOOLS,
+        "messages": _with_breakpoints(messages),
+    }
+
+
+def _naive(body: dict[str, Any], limit: int) -> dict[str, Any]:
+    """Per-request trimming: the oldest tool results emptied until the request fits."""
+    body = copy.deepcopy(body)
+    for message in body["messages"]:
+        if count_anthropic_request(body) <= limit:
+            break
+        for block in message["content"] if isinstance(message["content"], list) else []:
+            if block.get("type") == "tool_result" and block.get("content") != "[trimmed]":
+                block["content"] = "[trimmed]"
+    return body
+
+
+def _bill_dict(bill: Bill) -> dict[str, Any]:
+    return {
+        "billed_input": round(bill.billed),
+        "uncached": bill.uncached,
+        "cache_write": bill.written,
+        "cache_read": bill.read,
+    }
+
+
+class Command(BaseCommand):
+    help = "Gateway latency against the upstream, and cache-priced billing of a session."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--iterations", type=int, default=40)
+        parser.add_argument("--requests", type=int, default=300)
+        parser.add_argument("--window", type=int, default=40_000)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        user_model = get_user_model()
+        user_model.objects.filter(username=BENCH_USERNAME).delete()
+        user = user_model.objects.create_user(BENCH_USERNAME)
+        _, token = services.api_token_create(user=user, name="bench")
+        fake = FakeLLMServer(context_window=10**7).start()
+        models = Path(tempfile.mkdtemp()) / "models.json"
+        models.write_text(
+            json.dumps(
+                {
+                    "models": {
+                        f"anthropic/{MODEL}": {
+                            "base_url": fake.anthropic_base_url,
+                            "context_window": options["window"],
+                            "max_output": 1024,
+                        }
+                    }
+                }
+            )
+        )
+        port = _free_port()
+        env = dict(os.environ, ARBOR_MODELS=str(models), ANTHROPIC_API_KEY="sk-ant-bench",
+                   ALLOWED_HOSTS="127.0.0.1", ARBOR_INPROCESS_JOBS="thread")  # fmt: skip
+        server = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "arbor.asgi:application", "--host", "127.0.0.1",
+             "--port", str(port), "--log-level", "warning", "--no-access-log"],
+            cwd=settings.BASE_DIR, env=env,
+        )  # fmt: skip
+        try:
+            _wait(port)
+            gateway = f"http://127.0.0.1:{port}/gateway/anthropic"
+            headers = {"content-type": "application/json", "x-api-key": token,
+                       "anthropic-version": "2023-06-01"}  # fmt: skip
+            result = {
+                "latency": self._latency(fake, gateway, headers, options["iterations"]),
+                "session": self._session(fake, gateway, headers, options),
+            }
+        finally:
+            server.terminate()
+            server.wait(20)
+            fake.stop()
+            for conversation in Conversation.objects.filter(owner=user):
+                services.conversation_delete(conversation=conversation)
+            user.delete()
+        latency_300 = result["latency"]["300_messages"]
+        session = result["session"]
+        result["goals"] = {
+            "p50_added_ms_at_300_le_5": latency_300["added_p50_ms"] <= 5.0,
+            "arbor_billed_le_half_of_naive": session["arbor_vs_naive"] <= 0.5,
+            "arbor_never_failed": not session["arbor"]["failed"],
+        }
+        self.stdout.write(json.dumps(result, indent=2))
+
+    def _latency(
+        self, fake: FakeLLMServer, gateway: str, headers: dict[str, str], iterations: int
+    ) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for size in (10, 300):
+            messages = _conversation(size)
+            direct, through = _Client(fake.anthropic_base_url), _Client(gateway)
+            times: dict[str, list[float]] = {k: [] for k in ("d", "g", "dt", "gt")}
+            for i in range(iterations + 3):
+                stream = i % 2 == 1
+                body = json.dumps(_body(messages, stream=stream)).encode()
+                fake.push(Step.reply("ok"), Step.reply("ok"))
+                _, _, d_total, d_first = direct.post("/v1/messages", body, headers)
+                _, _, g_total, g_first = through.post("/v1/messages", body, headers)
+                if i < 3:
+                    continue  # warm-up: connections, caches, the first placement
+                if stream:
+                    times["dt"].append(d_first)
+                    times["gt"].append(g_first)
+                else:
+                    times["d"].append(d_total)
+                    times["g"].append(g_total)
+            ms = 1000.0
+            out[f"{size}_messages"] = {
+                "request_bytes": len(json.dumps(_body(messages))),
+                "direct_p50_ms": round(statistics.median(times["d"]) * ms, 2),
+                "gateway_p50_ms": round(statistics.median(times["g"]) * ms, 2),
+                "added_p50_ms": round((statistics.median(times["g"]) - statistics.median(times["d"])) * ms, 2),
+                "added_p95_ms": round((_percentile(times["g"], 0.95) - _percentile(times["d"], 0.95)) * ms, 2),
+                "ttfb_direct_p50_ms": round(statistics.median(times["dt"]) * ms, 2),
+                "ttfb_gateway_p50_ms": round(statistics.median(times["gt"]) * ms, 2),
+                "ttfb_added_p50_ms": round((statistics.median(times["gt"]) - statistics.median(times["dt"])) * ms, 2),
+            }  # fmt: skip
+            self.stderr.write(f"latency {size}: {out[f'{size}_messages']}")
+        return out
+
+    def _session(
+        self, fake: FakeLLMServer, gateway: str, headers: dict[str, str], options: dict[str, Any]
+    ) -> dict[str, Any]:
+        window, requests = options["window"], options["requests"]
+        fake.clear()
+        fake.set_window(MODEL, window)
+        client = _Client(gateway)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing build."}]
+        sent: list[dict[str, Any]] = []
+        failed_at = None
+        for n in range(1, requests + 1):
+            fake.push(Step.tools({"name": "Bash", "arguments": {"command": f"make step{n}"}}))
+            body = _body(messages)
+            sent.append(body)
+            status, raw, _, _ = client.post("/v1/messages", json.dumps(body).encode(), headers)
+            if status != 200:
+                failed_at = n
+                self.stderr.write(f"arbor request {n}: {status} {raw[:200]!r}")
+                break
+            answer = json.loads(raw)
+            call = next(b for b in answer["content"] if b["type"] == "tool_use")
+            messages.append({"role": "assistant", "content": answer["content"]})
+            messages.append({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": call["id"], "content": _output(n)}]})  # fmt: skip
+            if n % 50 == 0:
+                self.stderr.write(f"session: {n} requests")
+        upstream = [r for r in fake.requests if r.status == 200]
+        rejected = [r for r in fake.requests if (r.status or 0) >= 400]
+        arbor = PromptCache()
+        arbor_bill = Bill()
+        for r in upstream:
+            _add(arbor_bill, arbor.bill(r.body))
+        # The same client requests without Arbor.
+        none_cache, none_bill, none_failed = PromptCache(), Bill(), None
+        naive_cache, naive_bill = PromptCache(), Bill()
+        limit = int(0.8 * (window - 1024))
+        for n, body in enumerate(sent, start=1):
+            if none_failed is None:
+                if count_anthropic_request(body) > window:
+                    none_failed = n
+                else:
+                    _add(none_bill, none_cache.bill(body))
+            _add(naive_bill, naive_cache.bill(_naive(body, limit)))
+        compactions = CompactionRecord.objects.filter(
+            conversation__owner__username=BENCH_USERNAME
+        ).count()
+        return {
+            "requests": requests,
+            "window": window,
+            "none": {**_bill_dict(none_bill), "failed": none_failed is not None,
+                     "failed_at_request": none_failed},
+            "naive": {**_bill_dict(naive_bill), "failed": False},
+            "arbor": {**_bill_dict(arbor_bill), "failed": failed_at is not None,
+                      "failed_at_request": failed_at, "compaction_steps": compactions,
+                      "upstream_rejections": len(rejected),
+                      "max_prompt_tokens": max((r.prompt_tokens or 0) for r in upstream)},
+            "arbor_vs_naive": round(arbor_bill.billed / max(1.0, naive_bill.billed), 3),
+        }  # fmt: skip
+
+
+def _add(total: Bill, bill: Bill) -> None:
+    total.uncached += bill.uncached
+    total.written += bill.written
+    total.read += bill.read
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait(port: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/gateway/anthropic")
+            conn.getresponse().read()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError("uvicorn did not start")

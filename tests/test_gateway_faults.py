@@ -1,0 +1,158 @@
+"""The gateway's boundaries under faults and between users: a server killed (-9) between
+two upstream events leaves the tree at the previous boundary and the harness's retry
+continues it; a client that hangs up mid-stream writes nothing for that answer; a
+second user's token never reaches the first user's gateway conversations."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from typing import Any
+
+from django.test import TransactionTestCase
+
+from conversations import services
+from conversations.models import Conversation, Message
+from conversations.providers.fake import Step
+from tests.builders import make_user
+from tests.gateway_live import ANTHROPIC_MODEL, LiveGateway
+
+
+def request(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"model": ANTHROPIC_MODEL, "max_tokens": 100, "messages": messages, **extra}
+
+
+FIRST = [{"role": "user", "content": "Start the work."}]
+
+
+class StreamFaultTests(TransactionTestCase):
+    def setUp(self) -> None:
+        self.gateway = LiveGateway().start()
+        self.addCleanup(self.gateway.stop)
+        self.headers = {"x-api-key": self.gateway.token, "anthropic-version": "2023-06-01"}
+
+    def open_stream(self, body: dict[str, Any]) -> tuple[http.client.HTTPConnection, Any]:
+        client = http.client.HTTPConnection("127.0.0.1", self.gateway.port, timeout=60)
+        client.request(
+            "POST",
+            "/gateway/anthropic/v1/messages",
+            body=json.dumps({**body, "stream": True}),
+            headers={"content-type": "application/json", **self.headers},
+        )
+        return client, client.getresponse()
+
+    def read_events(self, response: Any, count: int) -> list[bytes]:
+        events: list[bytes] = []
+        buffer = b""
+        while len(events) < count:
+            chunk = response.read1(65536) if hasattr(response, "read1") else response.read(1)
+            if not chunk:
+                break
+            buffer += chunk
+            while b"\n\n" in buffer:
+                event, buffer = buffer.split(b"\n\n", 1)
+                events.append(event)
+        return events
+
+    def first_exchange(self) -> tuple[Conversation, list[dict[str, Any]]]:
+        self.gateway.fake.push(Step.reply("Working on it."))
+        status, raw, _ = self.gateway.call(
+            "POST", "/gateway/anthropic/v1/messages", request(FIRST), headers=self.headers
+        )
+        self.assertEqual(status, 200, raw)
+        conversation = Conversation.objects.get(owner=self.gateway.user)
+        second = [
+            *FIRST,
+            {"role": "assistant", "content": json.loads(raw)["content"]},
+            {"role": "user", "content": "Now the second part."},
+        ]
+        return conversation, second
+
+    def test_kill_9_between_two_upstream_events_then_the_retry_continues(self) -> None:
+        conversation, second = self.first_exchange()
+        conversation.refresh_from_db()
+        tip, version = conversation.tip_id, conversation.version
+        self.gateway.fake.push(Step.stall("This answer never ends", after=3, hang=60))
+        client, response = self.open_stream(request(second))
+        self.assertEqual(response.status, 200)
+        events = self.read_events(response, 2)
+        self.assertGreaterEqual(len(events), 2)  # the upstream's first events got through
+        self.gateway.kill()
+        client.close()
+        conversation.refresh_from_db()
+        self.assertEqual((conversation.tip_id, conversation.version), (tip, version))
+        self.assertEqual(Message.objects.filter(conversation=conversation).count(), 2)
+
+        # The harness retries the same request against the restarted server.
+        self.gateway.serve()
+        self.gateway.fake.push(Step.reply("Second part done."))
+        status, raw, _ = self.gateway.call(
+            "POST", "/gateway/anthropic/v1/messages", request(second), headers=self.headers
+        )
+        self.assertEqual(status, 200, raw)
+        conversation.refresh_from_db()
+        path = services.transcript_for_model(conversation=conversation, tip_id=conversation.tip_id)
+        texts = [p["text"] for m in path[0] for p in m["parts"] if p["type"] == "text"]
+        self.assertEqual(
+            texts,
+            ["Start the work.", "Working on it.", "Now the second part.", "Second part done."],
+        )
+        self.assertEqual(Message.objects.filter(conversation=conversation).count(), 4)
+
+    def test_a_client_that_hangs_up_mid_stream_writes_no_answer(self) -> None:
+        conversation, second = self.first_exchange()
+        self.gateway.fake.push(Step.stall("Half an answer", after=3, hang=5))
+        client, response = self.open_stream(request(second))
+        self.read_events(response, 2)
+        client.sock.close() if client.sock else None
+        client.close()
+        time.sleep(6)  # past the upstream's stall: nothing may be written late
+        conversation.refresh_from_db()
+        self.assertEqual(Message.objects.filter(conversation=conversation).count(), 2)
+        self.assertEqual(conversation.tip.parts, [{"type": "text", "text": "Working on it."}])
+
+
+class IsolationTests(TransactionTestCase):
+    def setUp(self) -> None:
+        self.gateway = LiveGateway().start()
+        self.addCleanup(self.gateway.stop)
+        self.other = make_user("intruder")
+        _, self.other_token = services.api_token_create(user=self.other, name="b")
+
+    def test_another_users_token_never_reaches_a_gateway_conversation(self) -> None:
+        metadata = {"user_id": json.dumps({"session_id": "shared-session-id"})}
+        body = request(FIRST, metadata=metadata)
+        status, _, _ = self.gateway.call(
+            "POST", "/gateway/anthropic/v1/messages", body,
+            headers={"x-api-key": self.gateway.token},
+        )  # fmt: skip
+        self.assertEqual(status, 200)
+        mine = Conversation.objects.get(owner=self.gateway.user)
+        count = Message.objects.filter(conversation=mine).count()
+
+        # Naming A's conversation in the header: refused like a missing one.
+        for header in (str(mine.pk), "00000000-0000-0000-0000-000000000000"):
+            status, raw, _ = self.gateway.call(
+                "POST", "/gateway/anthropic/v1/messages", body,
+                headers={"authorization": f"Bearer {self.other_token}", "x-arbor-conversation": header},
+            )  # fmt: skip
+            self.assertEqual(status, 404)
+            self.assertEqual(json.loads(raw)["error"]["type"], "not_found_error")
+        # The same session id and the same content land in B's own conversation.
+        status, _, _ = self.gateway.call(
+            "POST", "/gateway/anthropic/v1/messages", body,
+            headers={"x-api-key": self.other_token},
+        )  # fmt: skip
+        self.assertEqual(status, 200)
+        self.assertEqual(Message.objects.filter(conversation=mine).count(), count)
+        theirs = Conversation.objects.get(owner=self.other)
+        self.assertNotEqual(theirs.pk, mine.pk)
+        # OpenAI's endpoint answers in its own shape.
+        status, raw, _ = self.gateway.call(
+            "POST", "/gateway/openai/v1/chat/completions",
+            {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}]},
+            headers={"authorization": f"Bearer {self.other_token}", "x-arbor-conversation": str(mine.pk)},
+        )  # fmt: skip
+        self.assertEqual(status, 404)
+        self.assertIn("message", json.loads(raw)["error"])
