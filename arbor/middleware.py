@@ -1,33 +1,84 @@
-"""Errors under /api/ are JSON, even the ones Django answers before the API sees them."""
+"""Arbor's middleware, each able to run in a sync or an async chain.
+
+Under ASGI a single sync-only middleware would make Django run the rest of the chain and
+every async view (the gateway's) through thread hops and a fresh event loop per
+request, so both of these take either mode.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.decorators import sync_and_async_middleware
+from whitenoise.middleware import WhiteNoiseMiddleware
+
+
+class StaticFiles(WhiteNoiseMiddleware):
+    """WhiteNoise (it serves /static/ under uvicorn too), async-capable: the lookup is
+    in memory (a stat of the file in DEBUG), the file response the same in both modes."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Any = None, *args: Any, **kwargs: Any) -> None:
+        super().__init__(get_response, *args, **kwargs)
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.is_async:
+            return self._acall(request)
+        return super().__call__(request)
+
+    async def _acall(self, request: HttpRequest) -> Any:
+        if self.autorefresh:
+            static_file = self.find_file(request.path_info)
+        else:
+            static_file = self.files.get(request.path_info)
+        if static_file is not None:
+            return self.serve(static_file, request)
+        return await self.get_response(request)
+
 
 _CODES = {404: "not_found", 405: "method_not_allowed", 400: "bad_request", 500: "server_error"}
 
 
-def api_json_errors(get_response: Callable[[HttpRequest], HttpResponse]) -> Callable:
+@sync_and_async_middleware
+def api_json_errors(get_response: Callable[[HttpRequest], Any]) -> Callable[..., Any]:
+    """Errors under /api/ are JSON, even the ones Django answers before the API sees
+    them."""
+    if iscoroutinefunction(get_response):
+
+        async def async_middleware(request: HttpRequest) -> HttpResponse:
+            return _json_error(request, await get_response(request))
+
+        return async_middleware
+
     def middleware(request: HttpRequest) -> HttpResponse:
-        response = get_response(request)
-        if (
-            request.path.startswith("/api/")
-            and response.status_code in _CODES
-            and not response.get("Content-Type", "").startswith("application/json")
-        ):
-            detail = {
-                404: f"no such API route: {request.path}",
-                405: f"{request.method} is not allowed on {request.path}",
-            }.get(response.status_code, "the request could not be handled")
-            replacement = JsonResponse(
-                {"error": _CODES[response.status_code], "detail": detail},
-                status=response.status_code,
-            )
-            if response.has_header("Allow"):
-                replacement["Allow"] = response["Allow"]
-            return replacement
-        return response
+        return _json_error(request, get_response(request))
 
     return middleware
+
+
+def _json_error(request: HttpRequest, response: HttpResponse) -> HttpResponse:
+    if (
+        request.path.startswith("/api/")
+        and response.status_code in _CODES
+        and not response.get("Content-Type", "").startswith("application/json")
+    ):
+        detail = {
+            404: f"no such API route: {request.path}",
+            405: f"{request.method} is not allowed on {request.path}",
+        }.get(response.status_code, "the request could not be handled")
+        replacement = JsonResponse(
+            {"error": _CODES[response.status_code], "detail": detail},
+            status=response.status_code,
+        )
+        if response.has_header("Allow"):
+            replacement["Allow"] = response["Allow"]
+        return replacement
+    return response

@@ -46,7 +46,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Serves /static/ under uvicorn too (ASGI has no runserver static handler).
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "arbor.middleware.StaticFiles",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

@@ -16,7 +16,7 @@ from compaction.ladder import SECTIONS, breakdown
 from compaction.models import CompactionJob, CompactionRecord, JobState, SnapshotPage
 from conversations import selectors as tree_selectors
 from conversations.errors import NotFound
-from conversations.models import Blob, Conversation
+from conversations.models import Blob, Conversation, Message
 from conversations.parts import image_blobs
 from conversations.providers import ModelSpec, resolve_model
 from conversations.tools import tools_for
@@ -216,6 +216,26 @@ class ContextPanel:
     gauge: Gauge | None = None
     records: list[CompactionRecord] = field(default_factory=list)
     error: str = ""
+    # Gateway conversations: what went upstream for the last request (the answer's
+    # metadata), and the record it was built from, with its pages.
+    forwarded: dict[str, Any] | None = None
+    forwarded_record: CompactionRecord | None = None
+
+
+def _forwarded(panel: ContextPanel, conversation: Conversation) -> None:
+    if not conversation.harness or conversation.tip_id is None:
+        return
+    tip = Message.objects.filter(pk=conversation.tip_id).only("metadata").first()
+    forwarded = (tip.metadata if tip else {}).get("gateway_forwarded")
+    if not isinstance(forwarded, dict):
+        return
+    panel.forwarded = forwarded
+    if forwarded.get("record"):
+        panel.forwarded_record = (
+            CompactionRecord.objects.filter(pk=forwarded["record"], conversation=conversation)
+            .prefetch_related("pages")
+            .first()
+        )
 
 
 def context_panel(*, conversation: Conversation) -> ContextPanel:
@@ -226,6 +246,7 @@ def context_panel(*, conversation: Conversation) -> ContextPanel:
         model_id=tree_selectors.model_id_for(conversation), tip_id=conversation.tip_id
     )
     panel.records = records_on_path(conversation=conversation, tip_id=conversation.tip_id)
+    _forwarded(panel, conversation)
     try:
         panel.spec = resolve_model(panel.model_id)
     except ValueError as exc:

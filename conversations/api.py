@@ -61,6 +61,7 @@ def _conversation_out(conv: Conversation, message_count: int | None = None) -> d
         "model": conv.model,
         "system_prompt": conv.system_prompt,
         "checkpoint_tools": conv.checkpoint_tools,
+        "harness": conv.harness,
         "message_count": count if count is not None else selectors.message_count(conversation=conv),
         "created_at": conv.created_at,
         "updated_at": conv.updated_at,

@@ -57,6 +57,8 @@ class ConversationOut(Schema):
     model: str
     system_prompt: str
     checkpoint_tools: bool
+    # The User-Agent of the harness whose gateway session this is ("" otherwise).
+    harness: str
     message_count: int
     created_at: datetime
     updated_at: datetime

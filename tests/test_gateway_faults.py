@@ -124,9 +124,11 @@ class IsolationTests(TransactionTestCase):
         metadata = {"user_id": json.dumps({"session_id": "shared-session-id"})}
         body = request(FIRST, metadata=metadata)
         status, _, _ = self.gateway.call(
-            "POST", "/gateway/anthropic/v1/messages", body,
+            "POST",
+            "/gateway/anthropic/v1/messages",
+            body,
             headers={"x-api-key": self.gateway.token},
-        )  # fmt: skip
+        )
         self.assertEqual(status, 200)
         mine = Conversation.objects.get(owner=self.gateway.user)
         count = Message.objects.filter(conversation=mine).count()
@@ -134,25 +136,36 @@ class IsolationTests(TransactionTestCase):
         # Naming A's conversation in the header: refused like a missing one.
         for header in (str(mine.pk), "00000000-0000-0000-0000-000000000000"):
             status, raw, _ = self.gateway.call(
-                "POST", "/gateway/anthropic/v1/messages", body,
-                headers={"authorization": f"Bearer {self.other_token}", "x-arbor-conversation": header},
-            )  # fmt: skip
+                "POST",
+                "/gateway/anthropic/v1/messages",
+                body,
+                headers={
+                    "authorization": f"Bearer {self.other_token}",
+                    "x-arbor-conversation": header,
+                },
+            )
             self.assertEqual(status, 404)
             self.assertEqual(json.loads(raw)["error"]["type"], "not_found_error")
         # The same session id and the same content land in B's own conversation.
         status, _, _ = self.gateway.call(
-            "POST", "/gateway/anthropic/v1/messages", body,
+            "POST",
+            "/gateway/anthropic/v1/messages",
+            body,
             headers={"x-api-key": self.other_token},
-        )  # fmt: skip
+        )
         self.assertEqual(status, 200)
         self.assertEqual(Message.objects.filter(conversation=mine).count(), count)
         theirs = Conversation.objects.get(owner=self.other)
         self.assertNotEqual(theirs.pk, mine.pk)
         # OpenAI's endpoint answers in its own shape.
         status, raw, _ = self.gateway.call(
-            "POST", "/gateway/openai/v1/chat/completions",
+            "POST",
+            "/gateway/openai/v1/chat/completions",
             {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}]},
-            headers={"authorization": f"Bearer {self.other_token}", "x-arbor-conversation": str(mine.pk)},
-        )  # fmt: skip
+            headers={
+                "authorization": f"Bearer {self.other_token}",
+                "x-arbor-conversation": str(mine.pk),
+            },
+        )
         self.assertEqual(status, 404)
         self.assertIn("message", json.loads(raw)["error"])

@@ -22,6 +22,16 @@ UNCACHED, WRITE, READ = 1.0, 1.25, 0.1
 LOOKBACK = 20
 
 
+_TOKENS: dict[str, int] = {}
+
+
+def _tokens(ident: str, block: Mapping[str, Any]) -> int:
+    found = _TOKENS.get(ident)
+    if found is None:
+        found = _TOKENS[ident] = _count_anthropic_blocks([block], "claude")
+    return found
+
+
 def _blocks(body: Mapping[str, Any]) -> list[tuple[str, int, bool]]:
     """(identity, tokens, breakpoint) per cacheable block, in cache order."""
     out: list[tuple[str, int, bool]] = []
@@ -42,7 +52,7 @@ def _blocks(body: Mapping[str, Any]) -> list[tuple[str, int, bool]]:
             ident = message["role"] + json.dumps(
                 {k: v for k, v in block.items() if k != "cache_control"}, sort_keys=True
             )
-            out.append((ident, _count_anthropic_blocks([block], "claude"), "cache_control" in block))
+            out.append((ident, _tokens(ident, block), "cache_control" in block))
     return out
 
 

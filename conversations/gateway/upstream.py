@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -80,12 +81,15 @@ def response_headers(headers: Mapping[str, str]) -> dict[str, str]:
     }
 
 
-# One connection pool per event loop (uvicorn runs one; tests may run several).
-_clients: dict[int, httpx2.AsyncClient] = {}
+# One connection pool per event loop (uvicorn runs one; a test client makes one a
+# request), dropped with its loop.
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx2.AsyncClient] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def client() -> httpx2.AsyncClient:
-    loop = id(asyncio.get_running_loop())
+    loop = asyncio.get_running_loop()
     found = _clients.get(loop)
     if found is None or found.is_closed:
         timeout = httpx2.Timeout(

@@ -311,9 +311,32 @@ def _finish(prep: Prepared, answer: dict[str, Any], metadata: dict[str, Any]) ->
     )
     services.usage_learn(spec=prep.spec, raw_estimate=sent_raw, input_tokens=measured)
     services.record_measured(prep.forward, measured)
+    metadata = {**metadata, "gateway_forwarded": _forwarded_summary(prep)}
     services.exchange_store(
         placement=prep.placement, exchange=prep.exchange, answer=answer, answer_metadata=metadata
     )
+
+
+def _forwarded_summary(prep: Prepared) -> dict[str, Any]:
+    """What went upstream for this request, for the context panel."""
+    forward = prep.forward
+    if forward is None:
+        calibration = compaction.calibration_get(prep.spec.id)[0]
+        return {
+            "model": prep.spec.id,
+            "messages": len(prep.exchange.messages),
+            "estimate": calibration.apply(prep.raw_estimate),
+            "compacted": False,
+        }
+    context = forward.context
+    return {
+        "model": prep.spec.id,
+        "messages": len(forward.messages),
+        "estimate": context.estimate,
+        "compacted": compaction.compacts(context.rungs) or context.record is not None,
+        "rungs": [r for r in (context.record.rung_names if context.record else context.rungs)],
+        "record": str(context.record.pk) if context.record else None,
+    }
 
 
 def _overflow_of(status: int, raw: bytes) -> ContextOverflow | None:

@@ -39,10 +39,18 @@ from compaction.models import CompactionRecord
 from conversations import services
 from conversations.gateway.cache_model import Bill, PromptCache
 from conversations.models import Conversation
-from conversations.providers.fake import FakeLLMServer, Step, count_anthropic_request
+from conversations.providers.fake import (
+    FakeLLMServer,
+    Step,
+    _count_anthropic_blocks,
+    count_anthropic_request,
+)
 
 BENCH_USERNAME = "__arbor_bench_gateway__"
+# The latency runs use a model with a large window (requests pass through as they are);
+# the session uses one whose window it outgrows.
 MODEL = "claude-sonnet-4-5"
+SESSION_MODEL = "claude-haiku-4-5"
 EPHEMERAL = {"type": "ephemeral"}
 SYSTEM = "You are a coding agent. Work through the task with the Bash tool. " * 20
 TOOLS = [
@@ -91,24 +99,35 @@ class _Client:
 
 
 def _conversation(n: int) -> list[dict[str, Any]]:
+    """``n`` messages of an agent session: the task, tool rounds, and a user nudge."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing build."}]
     i = 0
-    while len(messages) < n:
+    while len(messages) + 2 < n:
         i += 1
         call = f"toolu_bench_{i:05d}"
         messages.append(
-            {"role": "assistant", "content": [
-                {"type": "text", "text": f"Looking at step {i}."},
-                {"type": "tool_use", "id": call, "name": "Bash", "input": {"command": f"make step{i}"}},
-            ]}
-        )  # fmt: skip
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": f"Looking at step {i}."},
+                    {
+                        "type": "tool_use",
+                        "id": call,
+                        "name": "Bash",
+                        "input": {"command": f"make step{i}"},
+                    },
+                ],
+            }
+        )
         messages.append(
-            {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": call, "content": _output(i)[:600]},
-            ]}
-        )  # fmt: skip
-    messages = messages[:n]
-    if messages[-1]["role"] == "assistant":
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": call, "content": _output(i)[:600]},
+                ],
+            }
+        )
+    while len(messages) < n:
         messages.append({"role": "user", "content": "Go on."})
     return messages
 
@@ -124,9 +143,11 @@ def _with_breakpoints(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _body(messages: list[dict[str, Any]], *, stream: bool = False) -> dict[str, Any]:
+def _body(
+    messages: list[dict[str, Any]], *, stream: bool = False, model: str = MODEL
+) -> dict[str, Any]:
     return {
-        "model": MODEL,
+        "model": model,
         "max_tokens": 1024,
         "stream": stream,
         "system": [{"type": "text", "text": SYSTEM, "cache_control": EPHEMERAL}],
@@ -138,12 +159,15 @@ def _body(messages: list[dict[str, Any]], *, stream: bool = False) -> dict[str, 
 def _naive(body: dict[str, Any], limit: int) -> dict[str, Any]:
     """Per-request trimming: the oldest tool results emptied until the request fits."""
     body = copy.deepcopy(body)
+    total = count_anthropic_request(body)
     for message in body["messages"]:
-        if count_anthropic_request(body) <= limit:
+        if total <= limit:
             break
         for block in message["content"] if isinstance(message["content"], list) else []:
             if block.get("type") == "tool_result" and block.get("content") != "[trimmed]":
+                before = _count_anthropic_blocks([block], "claude")
                 block["content"] = "[trimmed]"
+                total -= before - _count_anthropic_blocks([block], "claude")
     return body
 
 
@@ -177,26 +201,51 @@ class Command(BaseCommand):
                     "models": {
                         f"anthropic/{MODEL}": {
                             "base_url": fake.anthropic_base_url,
+                            "context_window": 1_000_000,
+                            "max_output": 1024,
+                        },
+                        f"anthropic/{SESSION_MODEL}": {
+                            "base_url": fake.anthropic_base_url,
                             "context_window": options["window"],
                             "max_output": 1024,
-                        }
+                        },
                     }
                 }
             )
         )
         port = _free_port()
-        env = dict(os.environ, ARBOR_MODELS=str(models), ANTHROPIC_API_KEY="sk-ant-bench",
-                   ALLOWED_HOSTS="127.0.0.1", ARBOR_INPROCESS_JOBS="thread")  # fmt: skip
+        env = dict(
+            os.environ,
+            ARBOR_MODELS=str(models),
+            ANTHROPIC_API_KEY="sk-ant-bench",
+            ALLOWED_HOSTS="127.0.0.1",
+            ARBOR_INPROCESS_JOBS="thread",
+        )
         server = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "arbor.asgi:application", "--host", "127.0.0.1",
-             "--port", str(port), "--log-level", "warning", "--no-access-log"],
-            cwd=settings.BASE_DIR, env=env,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "arbor.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+                "--no-access-log",
+            ],
+            cwd=settings.BASE_DIR,
+            env=env,
+        )
         try:
             _wait(port)
             gateway = f"http://127.0.0.1:{port}/gateway/anthropic"
-            headers = {"content-type": "application/json", "x-api-key": token,
-                       "anthropic-version": "2023-06-01"}  # fmt: skip
+            headers = {
+                "content-type": "application/json",
+                "x-api-key": token,
+                "anthropic-version": "2023-06-01",
+            }
             result = {
                 "latency": self._latency(fake, gateway, headers, options["iterations"]),
                 "session": self._session(fake, gateway, headers, options),
@@ -244,12 +293,18 @@ class Command(BaseCommand):
                 "request_bytes": len(json.dumps(_body(messages))),
                 "direct_p50_ms": round(statistics.median(times["d"]) * ms, 2),
                 "gateway_p50_ms": round(statistics.median(times["g"]) * ms, 2),
-                "added_p50_ms": round((statistics.median(times["g"]) - statistics.median(times["d"])) * ms, 2),
-                "added_p95_ms": round((_percentile(times["g"], 0.95) - _percentile(times["d"], 0.95)) * ms, 2),
+                "added_p50_ms": round(
+                    (statistics.median(times["g"]) - statistics.median(times["d"])) * ms, 2
+                ),
+                "added_p95_ms": round(
+                    (_percentile(times["g"], 0.95) - _percentile(times["d"], 0.95)) * ms, 2
+                ),
                 "ttfb_direct_p50_ms": round(statistics.median(times["dt"]) * ms, 2),
                 "ttfb_gateway_p50_ms": round(statistics.median(times["gt"]) * ms, 2),
-                "ttfb_added_p50_ms": round((statistics.median(times["gt"]) - statistics.median(times["dt"])) * ms, 2),
-            }  # fmt: skip
+                "ttfb_added_p50_ms": round(
+                    (statistics.median(times["gt"]) - statistics.median(times["dt"])) * ms, 2
+                ),
+            }
             self.stderr.write(f"latency {size}: {out[f'{size}_messages']}")
         return out
 
@@ -258,14 +313,14 @@ class Command(BaseCommand):
     ) -> dict[str, Any]:
         window, requests = options["window"], options["requests"]
         fake.clear()
-        fake.set_window(MODEL, window)
+        fake.set_window(SESSION_MODEL, window)
         client = _Client(gateway)
         messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing build."}]
         sent: list[dict[str, Any]] = []
         failed_at = None
         for n in range(1, requests + 1):
             fake.push(Step.tools({"name": "Bash", "arguments": {"command": f"make step{n}"}}))
-            body = _body(messages)
+            body = _body(messages, model=SESSION_MODEL)
             sent.append(body)
             status, raw, _, _ = client.post("/v1/messages", json.dumps(body).encode(), headers)
             if status != 200:
@@ -275,8 +330,14 @@ class Command(BaseCommand):
             answer = json.loads(raw)
             call = next(b for b in answer["content"] if b["type"] == "tool_use")
             messages.append({"role": "assistant", "content": answer["content"]})
-            messages.append({"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": call["id"], "content": _output(n)}]})  # fmt: skip
+            messages.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": call["id"], "content": _output(n)}
+                    ],
+                }
+            )
             if n % 50 == 0:
                 self.stderr.write(f"session: {n} requests")
         upstream = [r for r in fake.requests if r.status == 200]
@@ -302,15 +363,22 @@ class Command(BaseCommand):
         return {
             "requests": requests,
             "window": window,
-            "none": {**_bill_dict(none_bill), "failed": none_failed is not None,
-                     "failed_at_request": none_failed},
+            "none": {
+                **_bill_dict(none_bill),
+                "failed": none_failed is not None,
+                "failed_at_request": none_failed,
+            },
             "naive": {**_bill_dict(naive_bill), "failed": False},
-            "arbor": {**_bill_dict(arbor_bill), "failed": failed_at is not None,
-                      "failed_at_request": failed_at, "compaction_steps": compactions,
-                      "upstream_rejections": len(rejected),
-                      "max_prompt_tokens": max((r.prompt_tokens or 0) for r in upstream)},
+            "arbor": {
+                **_bill_dict(arbor_bill),
+                "failed": failed_at is not None,
+                "failed_at_request": failed_at,
+                "compaction_steps": compactions,
+                "upstream_rejections": len(rejected),
+                "max_prompt_tokens": max((r.prompt_tokens or 0) for r in upstream),
+            },
             "arbor_vs_naive": round(arbor_bill.billed / max(1.0, naive_bill.billed), 3),
-        }  # fmt: skip
+        }
 
 
 def _add(total: Bill, bill: Bill) -> None:
