@@ -30,7 +30,7 @@ from PIL import Image, UnidentifiedImageError
 
 from compaction import services as compaction
 from compaction.estimate import message_tokens, request_tokens
-from compaction.models import CompactionRecord, RecordStatus, Trigger
+from compaction.models import Trigger
 from conversations import selectors
 from conversations import services as tree
 from conversations.errors import InvalidInput, NotFound
@@ -79,6 +79,7 @@ class Placement:
     matched: int  # how many of the request's wire messages are stored already
     parent_id: uuid.UUID | None  # the last stored message of that prefix
     created: bool = False
+    parent_depth: int = -1
 
 
 # --- reading a request -------------------------------------------------------------------
@@ -202,20 +203,29 @@ def exchange_read(
 # --- placing it in the tree ---------------------------------------------------------------
 
 
-def _deepest(conversation_ids: Any, keys: Sequence[str]) -> tuple[Any, int, uuid.UUID] | None:
-    """(conversation id, matched count, message id) of the longest stored prefix."""
+def _deepest(conversation_ids: Any, keys: Sequence[str]) -> tuple[Any, int, uuid.UUID, int] | None:
+    """(conversation id, matched count, message id, its depth) of the longest stored
+    prefix. The newest keys are tried first: a harness's next request usually continues
+    right after the answer it got (one lookup of three keys, not of the whole request)."""
     if not keys:
         return None
-    rows = Message.objects.filter(gateway_key__in=keys)
-    if conversation_ids is not None:
-        rows = rows.filter(conversation_id__in=conversation_ids)
     index = {key: i for i, key in enumerate(keys)}
-    best: tuple[Any, int, uuid.UUID] | None = None
-    for cid, mid, key in rows.values_list("conversation_id", "id", "gateway_key"):
-        matched = index[key] + 1
-        if best is None or matched > best[1]:
-            best = (cid, matched, mid)
-    return best
+    for wanted in (keys[-3:], keys[:-3]):
+        if not wanted:
+            continue
+        rows = Message.objects.filter(gateway_key__in=wanted)
+        if conversation_ids is not None:
+            rows = rows.filter(conversation_id__in=conversation_ids)
+        best: tuple[Any, int, uuid.UUID, int] | None = None
+        for cid, mid, key, depth in rows.values_list(
+            "conversation_id", "id", "gateway_key", "depth"
+        ):
+            matched = index[key] + 1
+            if best is None or matched > best[1]:
+                best = (cid, matched, mid, depth)
+        if best is not None:
+            return best
+    return None
 
 
 def placement_find(*, user: Any, exchange: Exchange, conversation_id: str | None) -> Placement:
@@ -243,13 +253,13 @@ def placement_find(*, user: Any, exchange: Exchange, conversation_id: str | None
         found = _deepest(mine.values("pk"), exchange.keys)
         if found is not None:
             conversation = Conversation.objects.get(pk=found[0])
-            return Placement(conversation, found[1], found[2])
+            return Placement(conversation, found[1], found[2], parent_depth=found[3])
     if conversation is None:
         return Placement(_conversation_new(user, exchange), 0, None, created=True)
     found = _deepest([conversation.pk], exchange.keys)
     if found is None:
         return Placement(conversation, 0, None)
-    return Placement(conversation, found[1], found[2])
+    return Placement(conversation, found[1], found[2], parent_depth=found[3])
 
 
 def _title(exchange: Exchange) -> str:
@@ -380,13 +390,11 @@ def exchange_store(
         return placement.parent_id
     conversation = placement.conversation
     with transaction.atomic():
-        locked = tree._lock_conversation(conversation, None)
         depth = 0
         if placement.parent_id is not None:
-            parent = Message.objects.filter(pk=placement.parent_id).only("depth").first()
-            if parent is None:  # pragma: no cover - messages are never deleted alone
-                raise NotFound(f"no such message: {placement.parent_id}")
-            depth = parent.depth + 1
+            depth = placement.parent_depth + 1
+            if placement.parent_depth < 0:  # pragma: no cover - placements carry it
+                depth = Message.objects.only("depth").get(pk=placement.parent_id).depth + 1
         new = _rows(
             conversation=conversation,
             parent_id=placement.parent_id,
@@ -395,31 +403,24 @@ def exchange_store(
             extra_metadata=extra,
         )
         tree._insert_messages(new.rows)
+        # A plain UPDATE, no version check: a harness's request is placed by content,
+        # and the tip follows its newest exchange (concurrent ones each keep their own
+        # branch; the last to finish holds the tip).
         changes: dict[str, Any] = {"updated_at": timezone.now()}
-        if exchange.harness and exchange.harness != locked.harness:
-            changes["harness"] = exchange.harness
-        Conversation.objects.filter(pk=conversation.pk).update(
+        if exchange.harness and exchange.harness != conversation.harness:
+            changes["harness"] = conversation.harness = exchange.harness
+        updated = Conversation.objects.filter(pk=conversation.pk).update(
             tip_id=new.last, version=F("version") + 1, **changes
         )
+        if not updated:
+            raise NotFound(f"no such conversation: {conversation.pk}")
     placement.matched = len(exchange.messages) + (1 if answer is not None else 0)
     placement.parent_id = new.last
+    placement.parent_depth = depth + len(new.rows) - 1
     return new.last
 
 
 # --- what to forward ----------------------------------------------------------------------
-
-
-def record_active(*, placement: Placement, exchange: Exchange, spec: ModelSpec) -> bool:
-    """Whether a ready compaction record lies on this request's stored prefix: the
-    requests that follow a compaction step go out built from it (one query)."""
-    if not placement.matched:
-        return False
-    return CompactionRecord.objects.filter(
-        conversation=placement.conversation,
-        model=spec.id,
-        status=RecordStatus.READY,
-        anchor__gateway_key__in=exchange.keys[: placement.matched],
-    ).exists()
 
 
 @dataclass

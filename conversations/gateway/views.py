@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -148,6 +149,8 @@ class Prepared:
     body: bytes  # what goes upstream
     forward: services.Forward | None = None
     attempts: list[bytes] = field(default_factory=list)
+    estimate: int = 0
+    learn: bool = True
 
 
 def _body_bytes(prep_body: dict[str, Any]) -> bytes:
@@ -234,9 +237,30 @@ def _cache_breakpoint(
     return messages
 
 
-def _prepare(
-    protocol: Protocol, user: Any, body: dict[str, Any], headers: dict[str, str], raw: bytes
-) -> Prepared:
+class _Unauthorized(Exception):
+    pass
+
+
+def _unauthorized(protocol: Protocol) -> JsonResponse:
+    kind = "authentication_error" if protocol.name == "anthropic" else "invalid_request_error"
+    return protocol.error(
+        401,
+        kind,
+        "send an Arbor API token as x-api-key or Authorization: Bearer",
+        code="invalid_api_key",
+    )
+
+
+def _prepare(protocol: Protocol, secret: str, headers: dict[str, str], raw: bytes) -> Prepared:
+    user = api_token_user(secret=secret)
+    if user is None:
+        raise _Unauthorized
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ArborError("the request body is not valid JSON", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ArborError("the request body must be a JSON object", code="invalid_json")
     spec = _spec(protocol, body.get("model"))
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -263,17 +287,38 @@ def _prepare(
     placement = services.placement_find(
         user=user, exchange=exchange, conversation_id=headers.get(services.CONVERSATION_HEADER)
     )
-    calibration, reported = compaction.calibration_get(spec.id)
+    calibration, reported = _calibration(spec.id)
     raw_estimate = exchange.raw_tokens(spec.image_billing)
     budget = compaction.model_budget(spec, reported)
     prep = Prepared(protocol, spec, exchange, placement, raw_estimate, raw)
+    prep.estimate = calibration.apply(raw_estimate)
+    # Far below the threshold the factor decides nothing: learn near it (and at first).
+    prep.learn = prep.estimate >= LEARN_SHARE * budget or calibration.samples < LEARN_FIRST
     if body.get("model") != spec.model:
         prep.body = _body_bytes({**body, "model": spec.model})
-    over = calibration.apply(raw_estimate) > budget
-    if over or services.record_active(placement=placement, exchange=exchange, spec=spec):
+    # Under the threshold the request goes as it is: the ladder would send the originals
+    # (a record only ever stands for a request over it, and requests only grow until the
+    # harness rewinds, when its prefix changes anyway).
+    if prep.estimate > budget:
         prep.forward = services.forward_build(placement=placement, exchange=exchange, spec=spec)
         prep.body = _compacted_body(protocol, exchange, spec, prep.forward)
     return prep
+
+
+# The estimator's calibration per model, read at most every few seconds (this process
+# writes it itself; a worker's write is seen within CALIBRATION_TTL).
+CALIBRATION_TTL = 5.0
+LEARN_SHARE = 0.5
+LEARN_FIRST = 8
+_CALIBRATIONS: dict[str, tuple[float, Any]] = {}
+
+
+def _calibration(model_id: str) -> Any:
+    now = time.monotonic()
+    cached = _CALIBRATIONS.get(model_id)
+    if cached is None or now - cached[0] > CALIBRATION_TTL:
+        cached = _CALIBRATIONS[model_id] = (now, compaction.calibration_get(model_id))
+    return cached[1]
 
 
 def _recover(prep: Prepared, overflow: ContextOverflow) -> bytes | None:
@@ -289,6 +334,8 @@ def _recover(prep: Prepared, overflow: ContextOverflow) -> bytes | None:
         )
     except ContextOverflow:
         return None
+    finally:
+        _CALIBRATIONS.pop(prep.spec.id, None)  # the overflow taught the estimator
     body = _compacted_body(prep.protocol, prep.exchange, prep.spec, forward)
     if body in prep.attempts:
         return None  # never resend a rejected payload
@@ -309,7 +356,9 @@ def _finish(prep: Prepared, answer: dict[str, Any], metadata: dict[str, Any]) ->
         if prep.forward and prep.forward.context.view
         else prep.raw_estimate
     )
-    services.usage_learn(spec=prep.spec, raw_estimate=sent_raw, input_tokens=measured)
+    if prep.learn or prep.forward is not None:
+        services.usage_learn(spec=prep.spec, raw_estimate=sent_raw, input_tokens=measured)
+        _CALIBRATIONS.pop(prep.spec.id, None)
     services.record_measured(prep.forward, measured)
     metadata = {**metadata, "gateway_forwarded": _forwarded_summary(prep)}
     services.exchange_store(
@@ -321,11 +370,10 @@ def _forwarded_summary(prep: Prepared) -> dict[str, Any]:
     """What went upstream for this request, for the context panel."""
     forward = prep.forward
     if forward is None:
-        calibration = compaction.calibration_get(prep.spec.id)[0]
         return {
             "model": prep.spec.id,
             "messages": len(prep.exchange.messages),
-            "estimate": calibration.apply(prep.raw_estimate),
+            "estimate": prep.estimate,
             "compacted": False,
         }
     context = forward.context
@@ -420,31 +468,20 @@ async def _store_answer(prep: Prepared, answer: Any) -> None:
 async def _handle(protocol: Protocol, request: HttpRequest) -> HttpResponseBase:
     if request.method != "POST":
         return protocol.error(405, "invalid_request_error", "use POST")
-    user = await _user(request)
-    if user is None:
-        kind = "authentication_error" if protocol.name == "anthropic" else "invalid_request_error"
-        return protocol.error(
-            401,
-            kind,
-            "send an Arbor API token as x-api-key or Authorization: Bearer",
-            code="invalid_api_key",
-        )
+    secret = _credential(request)
+    if not secret:
+        return _unauthorized(protocol)
     raw_body = _read_body(request)
     if raw_body is None:
         return protocol.error(
             413, "request_too_large", f"the request is larger than {MAX_BODY} bytes"
         )
-    try:
-        body = json.loads(raw_body)
-    except (ValueError, UnicodeDecodeError):
-        return protocol.error(400, "invalid_request_error", "the request body is not valid JSON")
-    if not isinstance(body, dict):
-        return protocol.error(
-            400, "invalid_request_error", "the request body must be a JSON object"
-        )
     headers = {k.lower(): v for k, v in request.headers.items()}
     try:
-        prep = await sync_to_async(_prepare)(protocol, user, body, headers, raw_body)
+        # One trip to the database thread: the token, the placement, what to send.
+        prep = await sync_to_async(_prepare)(protocol, secret, headers, raw_body)
+    except _Unauthorized:
+        return _unauthorized(protocol)
     except ArborError as exc:
         return _arbor_error(protocol, exc)
     url = upstream.url_for(prep.spec, protocol.path, request.META.get("QUERY_STRING", ""))
@@ -473,6 +510,7 @@ async def _handle(protocol: Protocol, request: HttpRequest) -> HttpResponseBase:
         prep.body = retry
     assert response is not None
     relayed = upstream.response_headers(response.headers)
+    body = prep.exchange.body
     if body.get("stream"):
         return StreamingHttpResponse(
             _relay(prep, response), headers={**relayed, "cache-control": "no-cache"}
