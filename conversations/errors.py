@@ -46,3 +46,30 @@ class StaleVersion(Conflict):
             tip=tip,
             version=version,
         )
+
+
+class StorageFull(ArborError):
+    """The media store has no room: nothing was stored (507 Insufficient Storage)."""
+
+    status = 507
+    code = "storage_full"
+
+
+class StorageUnavailable(ArborError):
+    """The media store cannot be written (read-only, permissions, I/O error)."""
+
+    status = 503
+    code = "storage_unavailable"
+
+
+def storage_error(exc: OSError, what: str) -> ArborError:
+    """A clear error for a failed write to the media store."""
+    import errno
+
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StorageFull(f"the media store is full: {what} was not stored; free space and retry")
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return StorageUnavailable(f"the media store is read-only: {what} was not stored")
+    return StorageUnavailable(
+        f"the media store failed ({exc.strerror or exc}): {what} was not stored"
+    )

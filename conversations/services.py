@@ -9,23 +9,33 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import secrets
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.files.base import ContentFile
-from django.core.files.storage import default_storage
+from django.core.files.storage import FileSystemStorage, default_storage
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, F
 from django.utils import timezone
 from PIL import Image, UnidentifiedImageError
 
 from conversations import selectors
-from conversations.errors import ArborError, Conflict, InvalidInput, NotFound, StaleVersion
+from conversations.errors import (
+    ArborError,
+    Conflict,
+    InvalidInput,
+    NotFound,
+    StaleVersion,
+    storage_error,
+)
 from conversations.models import (
     ApiToken,
     Blob,
@@ -662,6 +672,42 @@ def blob_read(sha256: str) -> bytes:
     return data
 
 
+def _stored_intact(name: str, data: bytes, sha: str) -> bool:
+    try:
+        if default_storage.size(name) != len(data):
+            return False
+        with default_storage.open(name, "rb") as handle:
+            return hashlib.sha256(handle.read()).hexdigest() == sha
+    except OSError:  # missing (or unreadable: written anew)
+        return False
+
+
+def _write_atomically(name: str, data: bytes | Iterable[bytes]) -> None:
+    """Write a media file so that it is whole or absent: to a temporary name in the same
+    directory, flushed to disk, then renamed over the final name. A full disk or a crash
+    leaves no truncated file under the real name (and the temporary one is removed)."""
+    chunks = [data] if isinstance(data, bytes) else data
+    if not isinstance(default_storage, FileSystemStorage):
+        if default_storage.exists(name):
+            default_storage.delete(name)
+        default_storage.save(name, ContentFile(b"".join(chunks)))
+        return
+    path = Path(default_storage.path(name))
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.part")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(temporary, "wb") as handle:
+            for chunk in chunks:
+                handle.write(chunk)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, settings.FILE_UPLOAD_PERMISSIONS or 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
 def blob_store(*, owner: User, data: bytes) -> Blob:
     """Store an image by the sha256 of its bytes. Only PNG, JPEG, WebP and GIF within the
     byte and pixel limits are accepted (never SVG: it can carry script)."""
@@ -699,9 +745,14 @@ def blob_store(*, owner: User, data: bytes) -> Blob:
     sha = hashlib.sha256(data).hexdigest()
     name = f"blobs/{sha[:2]}/{sha}.{_ALLOWED_IMAGE_FORMATS[kind]}"
     # Content-addressed: the same bytes always land at the same name, so writing the file
-    # before the row is safe even if the transaction below fails.
-    if not default_storage.exists(name):
-        default_storage.save(name, ContentFile(data))
+    # before the row is safe even if the transaction below fails. A file already there is
+    # trusted only if it holds exactly these bytes (a write cut short by a full disk, from
+    # before writes were atomic, is replaced).
+    if not _stored_intact(name, data, sha):
+        try:
+            _write_atomically(name, data)
+        except OSError as exc:
+            raise storage_error(exc, "the image") from None
     with transaction.atomic():
         blob, _ = Blob.objects.get_or_create(
             sha256=sha,
@@ -762,7 +813,12 @@ def import_job_create(*, owner: User, upload: Any, format: str = "auto") -> Any:
     from conversations.tasks import run_import_job
 
     job = ImportJob(owner=owner, filename=str(upload.name)[:255], format=format)
-    job.upload.save(f"{uuid.uuid4()}.upload", upload, save=False)
+    name = f"imports/{uuid.uuid4()}.upload"
+    try:
+        _write_atomically(name, upload.chunks())
+    except OSError as exc:
+        raise storage_error(exc, "the upload") from None
+    job.upload.name = name
     job.save()
     # Robust: the job records its own failure, and when it runs inside the upload's
     # request (no broker, inline jobs) that request must still answer with the job page.

@@ -712,11 +712,17 @@ def import_page(request: HttpRequest) -> HttpResponseBase:
     form = forms.ImportForm(request.POST or None, request.FILES or None)
     if request.method == "POST":
         if form.is_valid():
-            job = services.import_job_create(
-                owner=signed_in_user(request),
-                upload=form.cleaned_data["file"],
-                format=form.cleaned_data["format"],
-            )
+            try:
+                job = services.import_job_create(
+                    owner=signed_in_user(request),
+                    upload=form.cleaned_data["file"],
+                    format=form.cleaned_data["format"],
+                )
+            except ArborError as exc:  # the media store is full or read-only
+                form.add_error("file", exc.detail)
+                return render(
+                    request, "conversations/import.html", {"form": form}, status=exc.status
+                )
             return redirect("conversations:import_job", job_id=job.pk)
         return render(request, "conversations/import.html", {"form": form}, status=400)
     jobs = ImportJob.objects.filter(owner=signed_in_user(request)).order_by("-created_at")[:20]
