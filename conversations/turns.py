@@ -156,6 +156,7 @@ def turn_events(
     model: str = "",
     retry_of: TurnAttempt | None = None,
     origin: str = Origin.TURN,
+    attempt: TurnAttempt | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Run one chat turn, yielding events as they happen; the last event is ``done``
     (with the persisted ids) or ``error``. Bad input raises before anything is written.
@@ -166,26 +167,37 @@ def turn_events(
     the turn's first message: ``edit`` for an edited prompt, ``regenerate`` for a new
     answer to the same prompt.
     """
-    user_parts = _clean_input(parts, conversation.owner_id) if parts is not None else []
-    model_id = selectors.model_id_for(conversation, model)
-    spec = _resolve(model_id)
-    if parent_id is _AT_TIP:
-        conversation.refresh_from_db(fields=["tip", "version"])
-        parent_id = conversation.tip_id
-    elif (
-        parent_id is not None
-        and not Message.objects.filter(pk=parent_id, conversation=conversation).exists()
-    ):
-        raise InvalidInput(f"parent {parent_id} is not a message of this conversation")
+    try:
+        user_parts = _clean_input(parts, conversation.owner_id) if parts is not None else []
+        model_id = selectors.model_id_for(conversation, model)
+        spec = _resolve(model_id)
+        if parent_id is _AT_TIP:
+            conversation.refresh_from_db(fields=["tip", "version"])
+            parent_id = conversation.tip_id
+        elif (
+            parent_id is not None
+            and not Message.objects.filter(pk=parent_id, conversation=conversation).exists()
+        ):
+            raise InvalidInput(f"parent {parent_id} is not a message of this conversation")
+    except Exception as exc:
+        if attempt is not None:  # a retry's attempt, made under the lock: it failed here
+            _attempt_finish(
+                attempt,
+                status=AttemptStatus.FAILED,
+                code=getattr(exc, "code", "error"),
+                text=str(exc),
+            )
+        raise
 
-    attempt = TurnAttempt.objects.create(
-        conversation=conversation,
-        parent_id=parent_id,
-        input_parts=user_parts,
-        model=model_id,
-        worker=_worker_name(),
-        retry_of=retry_of,
-    )
+    if attempt is None:
+        attempt = TurnAttempt.objects.create(
+            conversation=conversation,
+            parent_id=parent_id,
+            input_parts=user_parts,
+            model=model_id,
+            worker=_worker_name(),
+            retry_of=retry_of,
+        )
     yield {"event": "attempt", "attempt": str(attempt.pk), "model": spec.id, "notice": spec.notice}
     finished = False
     try:
@@ -516,21 +528,24 @@ def turn_drain(events: Iterator[dict[str, Any]]) -> TurnOutcome:
 # --- retry ---------------------------------------------------------------------------
 
 
-def retry_target(*, user: Any, conversation_id: Any) -> tuple[Conversation, TurnAttempt]:
+def retry_target(
+    *, user: Any, conversation_id: Any
+) -> tuple[Conversation, TurnAttempt, TurnAttempt]:
     """What ``retry`` would run, in DESIGN.md's order: no such conversation →
     nothing_loaded; the last attempt failed (or was interrupted) → that attempt; no
-    attempt and no messages → nothing_loaded; otherwise nothing_to_retry."""
+    attempt and no messages → nothing_loaded; otherwise nothing_to_retry.
+
+    The retry's own attempt row is created under the conversation's row lock, before the
+    lock is let go: of concurrent retries exactly one finds the failed attempt last; the
+    others find the new running one and get 409."""
     try:
         conversation = selectors.conversation_get(user=user, conversation_id=conversation_id)
     except NotFound:
         raise NothingLoaded("nothing loaded: there is no such conversation") from None
     with transaction.atomic():
-        last = (
-            TurnAttempt.objects.select_for_update()
-            .filter(conversation=conversation)
-            .order_by("-created_at")
-            .first()
-        )
+        if not Conversation.objects.select_for_update().filter(pk=conversation.pk).exists():
+            raise NothingLoaded("nothing loaded: there is no such conversation")
+        last = TurnAttempt.objects.filter(conversation=conversation).order_by("-created_at").first()
         if last is not None and attempt_is_stale(last):
             # Its process died mid-turn; the transcript holds the previous turn.
             last.status = AttemptStatus.FAILED
@@ -540,8 +555,16 @@ def retry_target(*, user: Any, conversation_id: Any) -> tuple[Conversation, Turn
                 code="interrupted",
                 text=f"the process running this turn ({last.worker}) stopped",
             )
-    if last is not None and last.status == AttemptStatus.FAILED:
-        return conversation, last
+        if last is not None and last.status == AttemptStatus.FAILED:
+            retry = TurnAttempt.objects.create(
+                conversation=conversation,
+                parent_id=last.parent_id,
+                input_parts=last.input_parts,
+                model=last.model,
+                worker=_worker_name(),
+                retry_of=last,
+            )
+            return conversation, last, retry
     if last is not None and last.status == AttemptStatus.RUNNING:
         raise TurnInProgress("a turn is still running in this conversation")
     if last is None and not Message.objects.filter(conversation=conversation).exists():
@@ -550,7 +573,7 @@ def retry_target(*, user: Any, conversation_id: Any) -> tuple[Conversation, Turn
 
 
 def retry_events(*, user: Any, conversation_id: Any) -> Iterator[dict[str, Any]]:
-    conversation, failed = retry_target(user=user, conversation_id=conversation_id)
+    conversation, failed, attempt = retry_target(user=user, conversation_id=conversation_id)
     return turn_events(
         conversation=conversation,
         # Empty input: the failed attempt had already rewound; continue from its digest.
@@ -558,4 +581,5 @@ def retry_events(*, user: Any, conversation_id: Any) -> Iterator[dict[str, Any]]
         parent_id=failed.parent_id,
         model=failed.model,
         retry_of=failed,
+        attempt=attempt,
     )

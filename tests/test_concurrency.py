@@ -272,3 +272,45 @@ class ConcurrentWriterTests(TransactionTestCase):
                 assert not Conversation.objects.filter(pk=conv.pk).exists()
                 assert not Message.objects.filter(conversation_id=conv.pk).exists()
                 assert not Checkpoint.objects.filter(conversation_id=conv.pk).exists()
+
+
+@pytest.mark.postgres
+@unittest.skipUnless(
+    connection.vendor == "postgresql",
+    "needs PostgreSQL: SQLite serialises writers, so there is no race to test",
+)
+class ConcurrentRetryTests(TransactionTestCase):
+    """Five retries at once after a failed turn: exactly one runs it; the others are
+    told a turn is running (or, if it already finished, that nothing is left to retry),
+    and the prompt and its answer are written once."""
+
+    def test_exactly_one_of_five_concurrent_retries_runs_the_turn(self) -> None:
+        from conversations import turns
+        from conversations.models import AttemptStatus, TurnAttempt
+
+        user = make_user("retrier")
+        for round_no in range(5):
+            conv, n = new_conversation(user, "a>b")
+            TurnAttempt.objects.create(
+                conversation=conv,
+                parent=n["b"],
+                input_parts=text(f"the prompt {round_no}"),
+                model="fake/demo",
+                status=AttemptStatus.FAILED,
+                error_code="interrupted",
+            )
+            before = Message.objects.filter(conversation=conv).count()
+
+            def retry(conv: Conversation = conv) -> Any:
+                return list(turns.retry_events(user=user, conversation_id=conv.pk))
+
+            results = race(*(retry for _ in range(5)))
+            winners, _ = split(results, Conflict)
+            assert len(winners) == 1, (round_no, results)
+            assert results[winners[0]][-1]["event"] == "done", results[winners[0]][-1]
+            assert Message.objects.filter(conversation=conv).count() == before + 2
+            prompts = Message.objects.filter(conversation=conv, role="user").count()
+            assert prompts == 2, prompts  # a's prompt and the retried one, once
+            attempts = TurnAttempt.objects.filter(conversation=conv)
+            assert attempts.filter(status=AttemptStatus.COMPLETED).count() == 1
+            assert not attempts.filter(status=AttemptStatus.RUNNING).exists()
