@@ -11,6 +11,7 @@ urlpatterns = [
     path("c/<str:cid>/", views.conversation_detail, name="detail"),
     path("c/<str:cid>/delete/", views.conversation_delete, name="delete"),
     path("c/<str:cid>/send/", views.message_send, name="send"),
+    path("c/<str:cid>/retry/", views.turn_retry, name="retry"),
     path("c/<str:cid>/tip/", views.tip_set, name="tip"),
     path("c/<str:cid>/m/<str:mid>/edit/", views.message_edit, name="edit"),
     path("c/<str:cid>/m/<str:mid>/regenerate/", views.message_regenerate, name="regenerate"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings
@@ -33,12 +34,14 @@ from conversations import forms, selectors, services, turns
 from conversations.errors import ArborError, NotFound, StaleVersion
 from conversations.models import (
     ApiToken,
+    AttemptStatus,
     Checkpoint,
     CheckpointState,
     Conversation,
     ImportJob,
     Origin,
     Role,
+    TurnAttempt,
 )
 from conversations.providers import registry
 from conversations.providers.registry import ModelSpec
@@ -206,6 +209,23 @@ def _chat_context(
         "notice": notice,
         "message_form": forms.MessageForm(),
         "fork_form": forms.ForkForm(),
+        "failed": _failed_turn(conv),
+    }
+
+
+def _failed_turn(conv: Conversation) -> dict[str, Any] | None:
+    """The conversation's last turn, when it failed (or its process died): what was
+    asked and why it failed, so the page can offer to run it again. Survives a restart:
+    attempts are rows."""
+    last = TurnAttempt.objects.filter(conversation=conv).order_by("-created_at").first()
+    if last is None:
+        return None
+    if last.status != AttemptStatus.FAILED and not turns.attempt_is_stale(last):
+        return None
+    prompt = " ".join(p.get("text", "") for p in last.input_parts if p.get("type") == "text")
+    return {
+        "prompt": prompt,
+        "error": last.error_text or last.error_code or "the turn was interrupted",
     }
 
 
@@ -236,6 +256,12 @@ def _turn(
     """Run a chat turn: Server-Sent Events for static/arbor.js, or (without JavaScript)
     run it to the end and show the conversation."""
     events = turns.turn_events(conversation=conv, parts=parts, parent_id=parent_id, origin=origin)
+    return _run_turn(request, conv, events)
+
+
+def _run_turn(
+    request: HttpRequest, conv: Conversation, events: Iterator[dict[str, Any]]
+) -> HttpResponseBase:
     try:
         first = next(events)  # bad input raises here, before any stream starts
     except ArborError as exc:
@@ -251,6 +277,22 @@ def _turn(
         if event["event"] == "error":
             flash.error(request, f"The model failed: {event.get('detail', event['error'])}")
     return redirect(_detail_url(conv))
+
+
+@login_required
+@require_POST
+def turn_retry(request: HttpRequest, cid: str) -> HttpResponseBase:
+    """Run the last failed turn again (DESIGN.md's retry: 409 when nothing failed or a
+    turn is running)."""
+    conv = conversation_or_404(request, cid)
+    try:
+        events = turns.retry_events(user=signed_in_user(request), conversation_id=conv.pk)
+    except ArborError as exc:
+        if _wants_stream(request):
+            return HttpResponse(exc.detail, status=exc.status, content_type="text/plain")
+        flash.error(request, exc.detail)
+        return redirect(_detail_url(conv))
+    return _run_turn(request, conv, events)
 
 
 @login_required
