@@ -104,7 +104,10 @@ def database_from_url(url: str, *, base_dir: Path) -> dict[str, Any]:
             "HOST": parts.hostname or "",
             "PORT": str(parts.port or ""),
             "OPTIONS": options,
-            "CONN_MAX_AGE": 60,
+            # Under ASGI every sync_to_async thread holds its own connection: persistent
+            # ones pile up until PostgreSQL refuses clients ("too many clients"), so they
+            # close after each request unless ARBOR_DB_CONN_MAX_AGE says otherwise.
+            "CONN_MAX_AGE": int(os.environ.get("ARBOR_DB_CONN_MAX_AGE", "0") or 0),
             "CONN_HEALTH_CHECKS": True,
         }
     raise ImproperlyConfiguredEnv(

@@ -114,6 +114,9 @@ def conversation_delete(*, conversation: Conversation) -> None:
     own copies and only lose the ``forked_from`` link.
     """
     with transaction.atomic():
+        # Locked first: a fork or a turn writing into it finishes before, or finds it gone.
+        if not Conversation.objects.select_for_update().filter(pk=conversation.pk).exists():
+            return  # deleted meanwhile: nothing left to do
         Conversation.objects.filter(forked_from__conversation=conversation).update(forked_from=None)
         Conversation.objects.filter(pk=conversation.pk).update(tip=None)
         Checkpoint.objects.filter(conversation=conversation).delete()
@@ -446,21 +449,28 @@ def conversation_fork(
     if scope not in ForkScope.CHOICES:
         raise InvalidInput(f"scope must be one of {list(ForkScope.CHOICES)}", code="bad_scope")
     source = message.conversation
-    links = selectors.message_path_links(conversation_id=source.pk, tip_id=message.pk)
-    if scope == ForkScope.SUBTREE:
-        links += selectors.message_subtree_links(conversation_id=source.pk, root_id=message.pk)[1:]
-    live = list(
-        Checkpoint.objects.filter(conversation=source, state=CheckpointState.LIVE).order_by(
-            "created_at", "id"
-        )
-    )
-
-    id_map = {mid: uuid.uuid4() for mid, _ in links}
-    if scope == ForkScope.SUBTREE and source.tip_id in id_map:
-        new_tip = id_map[source.tip_id]
-    else:
-        new_tip = id_map[message.pk]
     with transaction.atomic():
+        # The source is locked while it is read and copied: a delete waits for the fork
+        # (and then unlinks it), or the fork finds the conversation gone (404).
+        locked = Conversation.objects.select_for_update().filter(pk=source.pk).first()
+        if locked is None or not Message.objects.filter(pk=message.pk).exists():
+            raise NotFound(f"no such message: {message.pk}")
+        source = locked
+        links = selectors.message_path_links(conversation_id=source.pk, tip_id=message.pk)
+        if scope == ForkScope.SUBTREE:
+            links += selectors.message_subtree_links(conversation_id=source.pk, root_id=message.pk)[
+                1:
+            ]
+        live = list(
+            Checkpoint.objects.filter(conversation=source, state=CheckpointState.LIVE).order_by(
+                "created_at", "id"
+            )
+        )
+        id_map = {mid: uuid.uuid4() for mid, _ in links}
+        if scope == ForkScope.SUBTREE and source.tip_id in id_map:
+            new_tip = id_map[source.tip_id]
+        else:
+            new_tip = id_map[message.pk]
         # The tip may name a message inserted just below: both foreign keys are checked
         # at commit (Django creates them DEFERRABLE INITIALLY DEFERRED).
         fork = Conversation.objects.create(

@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from compaction import services as compaction
@@ -172,7 +172,10 @@ def turn_events(
         model_id = selectors.model_id_for(conversation, model)
         spec = _resolve(model_id)
         if parent_id is _AT_TIP:
-            conversation.refresh_from_db(fields=["tip", "version"])
+            try:
+                conversation.refresh_from_db(fields=["tip", "version"])
+            except Conversation.DoesNotExist:  # deleted a moment ago
+                raise NotFound(f"no such conversation: {conversation.pk}") from None
             parent_id = conversation.tip_id
         elif (
             parent_id is not None
@@ -190,14 +193,18 @@ def turn_events(
         raise
 
     if attempt is None:
-        attempt = TurnAttempt.objects.create(
-            conversation=conversation,
-            parent_id=parent_id,
-            input_parts=user_parts,
-            model=model_id,
-            worker=_worker_name(),
-            retry_of=retry_of,
-        )
+        try:
+            with transaction.atomic():
+                attempt = TurnAttempt.objects.create(
+                    conversation=conversation,
+                    parent_id=parent_id,
+                    input_parts=user_parts,
+                    model=model_id,
+                    worker=_worker_name(),
+                    retry_of=retry_of,
+                )
+        except IntegrityError:  # the conversation was deleted a moment ago
+            raise NotFound(f"no such conversation: {conversation.pk}") from None
     yield {"event": "attempt", "attempt": str(attempt.pk), "model": spec.id, "notice": spec.notice}
     finished = False
     try:

@@ -314,3 +314,52 @@ class ConcurrentRetryTests(TransactionTestCase):
             attempts = TurnAttempt.objects.filter(conversation=conv)
             assert attempts.filter(status=AttemptStatus.COMPLETED).count() == 1
             assert not attempts.filter(status=AttemptStatus.RUNNING).exists()
+
+
+@pytest.mark.postgres
+@unittest.skipUnless(
+    connection.vendor == "postgresql",
+    "needs PostgreSQL: SQLite serialises writers, so there is no race to test",
+)
+class DeleteRaceTests(TransactionTestCase):
+    """Delete racing a fork, a chat turn and a tip move: each ends as it would alone or
+    with a clear 404/409, never an integrity error or a half-made fork."""
+
+    def test_delete_against_fork_chat_and_tip_move(self) -> None:
+        from conversations import turns
+        from conversations.errors import ArborError
+
+        user = make_user("racer")
+        for round_no in range(10):
+            conv, n = new_conversation(user, "a>b>c, b>d")
+            conv.model = "fake/demo"
+            conv.save()
+
+            def fork(conv: Conversation = conv, n: Any = n) -> Any:
+                return services.conversation_fork(message=n["c"], owner=user)
+
+            def chat(conv: Conversation = conv) -> Any:
+                events = list(turns.turn_events(conversation=conv, parts=text("hi")))
+                return events[-1]
+
+            def move(conv: Conversation = conv, n: Any = n) -> Any:
+                return services.tip_move(
+                    conversation=conv, message_id=n["d"].id, expected_version=conv.version
+                )
+
+            def delete(conv: Conversation = conv) -> Any:
+                return services.conversation_delete(conversation=conv)
+
+            results = race(fork, chat, move, delete)
+            for result in results:
+                if isinstance(result, BaseException):
+                    assert isinstance(result, ArborError), (round_no, repr(result))
+                    assert result.status in (404, 409), (round_no, result.status)
+            assert not Conversation.objects.filter(pk=conv.pk).exists()
+            assert not Message.objects.filter(conversation_id=conv.pk).exists()
+            made = results[0]
+            if not isinstance(made, BaseException):
+                # A fork that was made is whole, and no longer linked to the deleted one.
+                made.refresh_from_db()
+                assert made.forked_from_id is None
+                assert Message.objects.filter(conversation=made).count() == 3

@@ -29,11 +29,12 @@ DEEP = 5_000
 
 # Inside a TestCase every ``transaction.atomic`` is a SAVEPOINT … RELEASE pair, which the
 # counts include (outside tests they are BEGIN/COMMIT and are not counted as queries).
-# conversation_fork, scope=path: the path read, the live checkpoints, SAVEPOINT, INSERT of
-# the conversation, one INSERT of all the copies, RELEASE.
-FORK_PATH_QUERIES = 6
+# conversation_fork, scope=path: SAVEPOINT, the source conversation locked (a delete waits),
+# the message still there, the path read, the live checkpoints, INSERT of the
+# conversation, one INSERT of all the copies, RELEASE.
+FORK_PATH_QUERIES = 8
 # scope=subtree: the same plus the one recursive read of the subtree.
-FORK_SUBTREE_QUERIES = 7
+FORK_SUBTREE_QUERIES = 9
 # turn_append: SAVEPOINT, lock the conversation row, check the parent, one INSERT of the
 # whole turn, the guarded tip UPDATE, RELEASE.
 TURN_QUERIES = 6
