@@ -809,6 +809,24 @@ def job_enqueue(
 JOB_REQUEUE_SECONDS = 60
 
 
+def job_stranded(job: CompactionJob) -> bool:
+    """No worker has this job: queued past JOB_REQUEUE_SECONDS (no worker running, a
+    lost send), or running with its lease expired (its worker died)."""
+    return job.state in (JobState.QUEUED, JobState.RUNNING) and _stranded(job)
+
+
+def job_run_now(*, job: CompactionJob) -> CompactionRecord | None:
+    """Run a stranded job here and now (the user asked, and waits). The claim is the same
+    guarded UPDATE as a worker's, so a worker that takes it meanwhile wins and this does
+    nothing."""
+    from django.conf import settings
+
+    claimed = job_claim(job_id=job.pk, lease_seconds=settings.CELERY_TASK_TIME_LIMIT)
+    if claimed is None:
+        return None
+    return job_run(job=claimed)
+
+
 def _stranded(job: CompactionJob) -> bool:
     now = timezone.now()
     if job.state == JobState.RUNNING:

@@ -12,6 +12,7 @@ urlpatterns = [
     path("c/<str:cid>/context/", views.context_panel, name="context"),
     path("c/<str:cid>/compact/", views.compact, name="compact"),
     path("c/<str:cid>/compactions/jobs/<str:job_id>/", views.job_progress, name="job"),
+    path("c/<str:cid>/compactions/jobs/<str:job_id>/run/", views.job_run_now, name="job_run_now"),
     path("c/<str:cid>/compactions/<str:rid>/", views.record_detail, name="record"),
     path(
         "c/<str:cid>/compactions/<str:rid>/blobs/<str:sha256>/",

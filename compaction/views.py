@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
@@ -181,10 +182,33 @@ def job_progress(request: HttpRequest, cid: str, job_id: str) -> HttpResponse:
     return _job_fragment(request, conversation, job)
 
 
+@login_required
+@require_POST
+def job_run_now(request: HttpRequest, cid: str, job_id: str) -> HttpResponseBase:
+    """Run a job no worker has taken, inside this request."""
+    conversation = conversation_or_404(request, cid)
+    try:
+        job = selectors.job_get(conversation=conversation, job_id=job_id)
+    except NotFound:
+        raise Http404("no such job") from None
+    if services.job_stranded(job):
+        services.job_run_now(job=job)
+        job.refresh_from_db()
+    if not is_fragment(request):
+        return redirect("compaction:job", cid=conversation.pk, job_id=job.pk)
+    return _job_fragment(request, conversation, job)
+
+
 def _job_fragment(
     request: HttpRequest, conversation: Conversation, job: CompactionJob
 ) -> HttpResponse:
-    context: dict[str, Any] = {"conversation": conversation, "here": "context", "job": job}
+    context: dict[str, Any] = {
+        "conversation": conversation,
+        "here": "context",
+        "job": job,
+        "stranded": services.job_stranded(job),
+        "broker": bool(settings.CELERY_BROKER_URL),
+    }
     response = render_page_or_fragment(request, "compaction/job.html", "job", context)
     if job.state in (JobState.DONE, JobState.FAILED) and is_fragment(request):
         # The panel's gauge and record list refresh themselves on this event.

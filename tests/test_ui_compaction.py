@@ -444,6 +444,28 @@ class JobTests(Base):
         page = job.record.pages.get()
         assert page.ocr_cer == 0.02
 
+    def test_a_job_no_worker_takes_says_so_and_runs_on_request(self) -> None:
+        conv = long_conversation(self.alice, "stranded")
+        # The send was lost (a broker restart, a server killed before its thread ran it).
+        with mock.patch.object(run_compaction_job, "delay"), mock.patch("arbor.jobs.job_dispatch"):
+            self.client.post(f"/c/{conv.pk}/compact/", headers={"HX-Request": "true"})
+        job = CompactionJob.objects.get(conversation=conv)
+        body = self.fragment(job).content.decode()
+        assert "No worker has" not in body  # queued a moment ago: it is just waiting
+        CompactionJob.objects.filter(pk=job.pk).update(
+            updated_at=timezone.now() - datetime.timedelta(minutes=5)
+        )
+        body = self.fragment(job).content.decode()
+        assert "No worker has picked this job up" in body and "Run it now" in body
+        run = f"/c/{conv.pk}/compactions/jobs/{job.pk}/run/"
+        response = self.client.post(run, headers={"HX-Request": "true"})
+        job.refresh_from_db()
+        assert job.state == JobState.DONE and job.record is not None, job.error
+        assert 'class="job done"' in response.content.decode()
+        # Running it again does nothing: it is not stranded any more.
+        self.client.post(run, headers={"HX-Request": "true"})
+        assert CompactionRecord.objects.filter(conversation=conv).count() == 1
+
     def test_a_queued_job_polls_until_it_is_done(self) -> None:
         conv = long_conversation(self.alice, "fresh")
         with mock.patch.object(run_compaction_job, "delay"):
