@@ -279,6 +279,9 @@ class ImportJob(models.Model):
     messages_done = models.PositiveIntegerField(default=0)
     report = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True)
+    # The process importing it (arbor.procs.process_identity): a running import whose
+    # process is gone is marked failed, with what it imported, instead of running forever.
+    worker = models.CharField(max_length=200, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

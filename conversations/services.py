@@ -27,6 +27,7 @@ from django.db.models import Exists, F
 from django.utils import timezone
 from PIL import Image, UnidentifiedImageError
 
+from arbor.procs import process_gone, process_identity
 from conversations import selectors
 from conversations.errors import (
     ArborError,
@@ -843,16 +844,22 @@ def import_job_run(*, job_id: Any) -> None:
     from conversations.models import ImportJob, ImportState
 
     claimed = ImportJob.objects.filter(pk=job_id, state=ImportState.QUEUED).update(
-        state=ImportState.RUNNING
+        state=ImportState.RUNNING, worker=process_identity(), updated_at=timezone.now()
     )
     if not claimed:
         return
     job = ImportJob.objects.get(pk=job_id)
+    imported: list[str] = []
 
     def progress(report: Any) -> None:
+        # What landed so far is on the row: an import interrupted midway says what it
+        # imported (import_job_sweep).
+        imported.append(str(report.id))
         ImportJob.objects.filter(pk=job.pk).update(
             conversations_done=F("conversations_done") + 1,
             messages_done=F("messages_done") + (report.messages or 0),
+            report={"conversation_ids": imported},
+            updated_at=timezone.now(),
         )
 
     try:
@@ -876,6 +883,26 @@ def import_job_run(*, job_id: Any) -> None:
     ImportJob.objects.filter(pk=job.pk).update(
         state=ImportState.DONE, report=report.as_dict(), upload=""
     )
+
+
+def import_job_sweep(job: Any) -> Any:
+    """A running import whose process is gone (killed, restarted) is marked failed, with
+    the conversations it imported before it stopped; returns the job as it now is."""
+    from conversations.models import ImportState
+
+    if job.state != ImportState.RUNNING or not job.worker or not process_gone(job.worker):
+        return job
+    done = job.conversations_done
+    job.error = (
+        f"interrupted: the process importing this file ({job.worker}) stopped after "
+        f"{done} conversation{'s' if done != 1 else ''}; they are kept. Upload the file "
+        "again to import the rest (the ones already imported come in a second time)."
+    )
+    job.state = ImportState.FAILED
+    type(job).objects.filter(pk=job.pk, state=ImportState.RUNNING).update(
+        state=ImportState.FAILED, error=job.error
+    )
+    return job
 
 
 # --- the transcript a model sees -----------------------------------------------------

@@ -12,8 +12,6 @@ drains them for a plain JSON answer. One engine, two ways to watch it.
 
 from __future__ import annotations
 
-import os
-import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,6 +22,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from arbor.procs import process_gone, process_identity
 from compaction import services as compaction
 from compaction.models import Trigger
 from conversations import selectors, services
@@ -82,23 +81,17 @@ class TurnOutcome:
 
 
 def _worker_name() -> str:
-    # Re-read the pid: a forked worker must not inherit its parent's name.
-    return f"{socket.gethostname()}:{os.getpid()}"
+    return process_identity()
 
 
 def attempt_is_stale(attempt: TurnAttempt) -> bool:
-    """A running attempt whose process is gone (same host, pid not alive) or that has not
-    shown signs of life for ARBOR_ATTEMPT_STALE_SECONDS."""
+    """A running attempt whose process is gone (on this host: its pid free or reused by
+    a process started later, see arbor.procs) or that has not shown signs of life for
+    ARBOR_ATTEMPT_STALE_SECONDS."""
     if attempt.status != AttemptStatus.RUNNING:
         return False
-    host, _, pid = attempt.worker.rpartition(":")
-    if host == socket.gethostname() and pid.isdigit():
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            pass  # alive, owned by someone else
+    if process_gone(attempt.worker):
+        return True
     limit = timedelta(seconds=settings.ARBOR_ATTEMPT_STALE_SECONDS)
     return timezone.now() - attempt.heartbeat_at > limit
 

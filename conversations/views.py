@@ -767,7 +767,8 @@ def import_page(request: HttpRequest) -> HttpResponseBase:
                 )
             return redirect("conversations:import_job", job_id=job.pk)
         return render(request, "conversations/import.html", {"form": form}, status=400)
-    jobs = ImportJob.objects.filter(owner=signed_in_user(request)).order_by("-created_at")[:20]
+    recent = ImportJob.objects.filter(owner=signed_in_user(request)).order_by("-created_at")[:20]
+    jobs = [services.import_job_sweep(job) for job in recent]
     return render(request, "conversations/import.html", {"form": form, "jobs": jobs})
 
 
@@ -778,6 +779,7 @@ def import_job(request: HttpRequest, job_id: str) -> HttpResponse:
         job = ImportJob.objects.get(pk=uuid.UUID(job_id), owner=signed_in_user(request))
     except (ValueError, ImportJob.DoesNotExist):
         raise Http404("no such import") from None
+    job = services.import_job_sweep(job)
     return render_page_or_fragment(
         request, "conversations/import_job.html", "progress", {"job": job}
     )
