@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 from django.core.files.base import ContentFile
 from django.test import Client, TransactionTestCase
@@ -22,7 +23,7 @@ from tests.test_asgi_streaming import ROOT
 def chatgpt_export(count: int, turns: int = 30) -> bytes:
     conversations = []
     for c in range(count):
-        mapping = {}
+        mapping: dict[str, Any] = {}
         parent = None
         for t in range(turns):
             key = f"c{c}-m{t}"
