@@ -7,6 +7,7 @@ import base64
 import io
 import json
 import math
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -867,6 +868,38 @@ def test_it_fails_a_stalled_stream_within_the_timeout(fake: FakeLLMServer, proto
     assert err.value.code == "timeout"
     # Some deltas arrived before the stall; no Done was produced for a partial answer.
     assert received and "".join(received) != "one two three four five six seven"
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_stream_of_keep_alives_fails_at_the_calls_deadline(
+    fake: FakeLLMServer, protocol: str
+) -> None:
+    # Bytes keep coming (SSE comments), so no read ever times out: only the call's
+    # overall deadline ends it, retries included.
+    fake.push(Step.trickle("one two three four five", after=3, every=0.1, hang=30))
+    settings = ClientSettings(max_retries=2, timeout=20.0, connect_timeout=2.0, deadline=1.5)
+    started = time.monotonic()
+    with (
+        connect(fake, protocol, settings=settings) as provider,
+        pytest.raises(ProviderUnavailable) as err,
+    ):
+        list(provider.stream(Request(messages=[user("go")])))
+    elapsed = time.monotonic() - started
+    assert err.value.code == "deadline", err.value
+    assert "deadline" in str(err.value)
+    assert elapsed < 10, elapsed  # not 30 s of keep-alives, nor three attempts of them
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_silent_server_fails_at_the_deadline_before_the_read_timeout(
+    fake: FakeLLMServer, protocol: str
+) -> None:
+    fake.push(Step.wait(30, "late"), Step.wait(30, "late"), Step.wait(30, "late"))
+    settings = ClientSettings(max_retries=2, timeout=20.0, connect_timeout=2.0, deadline=1.0)
+    started = time.monotonic()
+    with connect(fake, protocol, settings=settings) as provider, pytest.raises(ProviderUnavailable):
+        provider.complete(Request(messages=[user("go")]))
+    assert time.monotonic() - started < 10
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

@@ -93,6 +93,10 @@ class ClientSettings:
     # A Retry-After longer than this is not waited for: the error is raised at once, with
     # retry_after set, so a turn never hangs for an hour on a server's say-so.
     max_retry_after: float = 60.0
+    # The whole model call, retries included, from the request to the last byte: a stall
+    # fails after ``timeout`` without a byte, a stream that trickles (or sends keep-alive
+    # comments forever) after this.
+    deadline: float = 600.0
 
     @classmethod
     def from_env(cls) -> ClientSettings:
@@ -101,10 +105,63 @@ class ClientSettings:
             timeout=_env_float("ARBOR_PROVIDER_TIMEOUT", cls.timeout),
             connect_timeout=_env_float("ARBOR_PROVIDER_CONNECT_TIMEOUT", cls.connect_timeout),
             max_retry_after=_env_float("ARBOR_PROVIDER_MAX_RETRY_AFTER", cls.max_retry_after),
+            deadline=_env_float("ARBOR_PROVIDER_DEADLINE", cls.deadline),
         )
 
     def httpx_timeout(self) -> httpx2.Timeout:
         return httpx2.Timeout(self.timeout, connect=self.connect_timeout)
+
+
+class DeadlineExceeded(httpx2.ReadTimeout):
+    """The model call ran past ClientSettings.deadline."""
+
+
+class _DeadlineStream(httpx2.SyncByteStream):
+    def __init__(self, inner: Any, deadline_at: float, request: httpx2.Request) -> None:
+        self.inner, self.deadline_at, self.request = inner, deadline_at, request
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self.inner:
+            if time.monotonic() > self.deadline_at:
+                raise DeadlineExceeded("the model call ran past its deadline", request=self.request)
+            yield chunk
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class DeadlineTransport(httpx2.HTTPTransport):
+    """The HTTP transport of a provider's client, holding one deadline for the whole
+    call it is making (set by the provider before each call): every attempt's timeouts
+    are capped by what is left, and the response body is cut when it passes."""
+
+    deadline_at: float | None = None
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        deadline_at = self.deadline_at
+        if deadline_at is not None:
+            left = deadline_at - time.monotonic()
+            if left <= 0:
+                raise DeadlineExceeded("the model call ran past its deadline", request=request)
+            timeout = dict(request.extensions.get("timeout") or {})
+            for key in ("connect", "read", "write", "pool"):
+                timeout[key] = min(timeout.get(key) or left, left)
+            request.extensions["timeout"] = timeout
+        response = super().handle_request(request)
+        if deadline_at is not None:
+            response.stream = _DeadlineStream(response.stream, deadline_at, request)
+        return response
+
+
+def _caused_by_deadline(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return False
+        if isinstance(seen, DeadlineExceeded):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def read_api_key(env_name: str) -> str | None:
@@ -185,6 +242,13 @@ def normalize_error(exc: BaseException, *, provider: str) -> ProviderError:
     """
     if isinstance(exc, ProviderError):
         return exc
+    if _caused_by_deadline(exc):
+        return ProviderUnavailable(
+            "the model did not finish its answer within the call's deadline "
+            "(ARBOR_PROVIDER_DEADLINE)",
+            code="deadline",
+            provider=provider,
+        )
     if isinstance(exc, openai.APIStatusError | anthropic.APIStatusError):
         status = exc.status_code
         headers = exc.response.headers
@@ -245,6 +309,8 @@ def _raise_normalized(exc: BaseException, provider: str) -> NoReturn:
 
 
 _TRANSPORT_ERRORS = (openai.OpenAIError, anthropic.AnthropicError, httpx2.HTTPError, TypeError)
+# The SDKs' own connection limits.
+_LIMITS = httpx2.Limits(max_connections=1000, max_keepalive_connections=100)
 
 
 # --- request bodies -------------------------------------------------------------------
@@ -337,6 +403,7 @@ class Provider(ABC):
         self.settings = settings or ClientSettings.from_env()
         if api_key:
             register_secret(api_key)
+        self._transport = DeadlineTransport(verify=_tls(), limits=_LIMITS)
         self._http = self._make_http_client()
         self.base_url = base_url or spec.base_url or os.environ.get(self.base_url_env) or None
         self.client = self._make_client(api_key)
@@ -365,6 +432,10 @@ class Provider(ABC):
 
     def close(self) -> None:
         self._http.close()
+
+    def _start_call(self) -> None:
+        """One deadline for the call about to be made, its retries included."""
+        self._transport.deadline_at = time.monotonic() + self.settings.deadline
 
     def __enter__(self) -> Provider:
         return self
@@ -410,7 +481,9 @@ class OpenAIProvider(Provider):
 
     def _make_http_client(self) -> httpx2.Client:
         return openai.DefaultHttpxClient(
-            timeout=self.settings.httpx_timeout(), event_hooks=self._hooks(), verify=_tls()
+            timeout=self.settings.httpx_timeout(),
+            event_hooks=self._hooks(),
+            transport=self._transport,
         )
 
     def _kwargs(self, request: Request) -> dict[str, Any]:
@@ -418,6 +491,7 @@ class OpenAIProvider(Provider):
 
     def complete(self, request: Request) -> Reply:
         kwargs = self._kwargs(request)
+        self._start_call()
         try:
             response = cast(Any, self.client.chat.completions).create(**kwargs)
         except _TRANSPORT_ERRORS as exc:
@@ -429,6 +503,7 @@ class OpenAIProvider(Provider):
         kwargs["stream"] = True
         kwargs["stream_options"] = {"include_usage": True}
         accumulator = OpenAIStreamAccumulator()
+        self._start_call()
         try:
             with cast(Any, self.client.chat.completions).create(**kwargs) as chunks:
                 for chunk in chunks:
@@ -462,7 +537,9 @@ class AnthropicProvider(Provider):
 
     def _make_http_client(self) -> httpx2.Client:
         return anthropic.DefaultHttpxClient(
-            timeout=self.settings.httpx_timeout(), event_hooks=self._hooks(), verify=_tls()
+            timeout=self.settings.httpx_timeout(),
+            event_hooks=self._hooks(),
+            transport=self._transport,
         )
 
     def _kwargs(self, request: Request) -> dict[str, Any]:
@@ -470,6 +547,7 @@ class AnthropicProvider(Provider):
 
     def complete(self, request: Request) -> Reply:
         kwargs = self._kwargs(request)
+        self._start_call()
         try:
             response = cast(Any, self.client.messages).create(**kwargs)
         except _TRANSPORT_ERRORS as exc:
@@ -481,6 +559,7 @@ class AnthropicProvider(Provider):
         kwargs["stream"] = True
         accumulator = AnthropicStreamAccumulator()
         stopped = False
+        self._start_call()
         try:
             with cast(Any, self.client.messages).create(**kwargs) as events:
                 for event in events:

@@ -370,6 +370,9 @@ class Step:
     # silent before answering. Then the connection hangs for `hang` seconds and drops.
     stall_after: int | None = None
     hang: float = 30.0
+    # While stalled, send SSE keep-alive comments (": keep-alive") every this many
+    # seconds instead of going silent: a stream that never ends but never times out.
+    keepalive: float | None = None
     # Arbor's vocabulary (stop, length, tool_calls); mapped to each protocol's word.
     finish_reason: str | None = None
 
@@ -407,6 +410,11 @@ class Step:
     def stall(cls, text: str, *, after: int = 2, hang: float = 30.0) -> Step:
         """A reply whose stream sends ``after`` events and then hangs (crash tests)."""
         return cls(text=text, stall_after=after, hang=hang)
+
+    @classmethod
+    def trickle(cls, text: str, *, after: int = 2, every: float = 0.2, hang: float = 30.0) -> Step:
+        """A stream that sends ``after`` events, then only keep-alive comments."""
+        return cls(text=text, stall_after=after, hang=hang, keepalive=every)
 
     @classmethod
     def wait(cls, seconds: float, text: str = "") -> Step:
@@ -792,6 +800,12 @@ class FakeLLMServer:
 
     def _hang(self, handler: _Handler, step: Step) -> None:
         handler.close_connection = True
+        if step.keepalive:
+            until = time.monotonic() + step.hang
+            while time.monotonic() < until and not self._stopping.wait(step.keepalive):
+                handler.wfile.write(b": keep-alive\n\n")
+                handler.wfile.flush()
+            return
         self._stopping.wait(step.hang)
 
     def _echo(self, protocol: str, body: Mapping[str, Any], prompt: int) -> str:
