@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from django.test import Client, TestCase, TransactionTestCase
 
-from conversations import selectors, services
+from conversations import selectors, services, turns
 from conversations.models import Checkpoint, Conversation, Message, TurnAttempt
 from conversations.providers.fake import FakeLLMServer, Step
 from conversations.services import transcript_for_model
@@ -343,3 +343,40 @@ class CrashTests(TransactionTestCase):
         child.send_signal(signal.SIGKILL)
         child.wait(10)
         self.assert_previous_turn_and_retry()
+
+
+class LeaseTests(TransactionTestCase):
+    """A model silent past the stale limit is still a turn in progress: the running
+    turn renews its lease on a timer, so a retry meanwhile is refused (never two answers
+    to one prompt); once the turn ends, it is done."""
+
+    def test_a_silent_model_keeps_its_turn_and_retry_waits(self) -> None:
+        import threading
+
+        from django.test import override_settings
+
+        user = make_user("patient")
+        with (
+            serve_fake_models(FakeLLMServer()) as server,
+            override_settings(ARBOR_ATTEMPT_STALE_SECONDS=1),
+        ):
+            conv = services.conversation_create(owner=user, title="slow", model="openai/test")
+            server.push(Step.wait(3.0, "a slow answer"))
+            events: list[Any] = []
+            runner = threading.Thread(
+                target=lambda: events.extend(turns.turn_events(conversation=conv, parts=text("hi")))
+            )
+            runner.start()
+            try:
+                deadline = time.monotonic() + 10
+                while not TurnAttempt.objects.filter(conversation=conv).exists():
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+                time.sleep(2.0)  # twice the stale limit, the model still silent
+                with self.assertRaises(turns.TurnInProgress):
+                    turns.retry_target(user=user, conversation_id=conv.pk)
+            finally:
+                runner.join(30)
+        assert events[-1]["event"] == "done", events[-1]
+        assert TurnAttempt.objects.filter(conversation=conv).count() == 1
+        assert Message.objects.filter(conversation=conv, role="assistant").count() == 1
