@@ -977,3 +977,15 @@ def test_the_fake_demo_model_answers_offline_with_an_echo() -> None:
     assert "offline demo model" in reply.text
     done = events[-1]
     assert isinstance(done, Done) and done.reply.text.startswith("Echo: stream me")
+
+
+def test_the_demo_servers_log_is_bounded() -> None:
+    from conversations.providers.fake import SHARED_LOG_LIMIT
+
+    with FakeLLMServer(log_limit=SHARED_LOG_LIMIT) as server:
+        with connect(server, "openai") as provider:
+            for i in range(SHARED_LOG_LIMIT + 10):
+                provider.complete(Request(messages=[user(f"message {i}")]))
+        log = server.requests
+    assert len(log) == SHARED_LOG_LIMIT
+    assert "message 59" in json.dumps(log[-1].body)  # the newest are the ones kept

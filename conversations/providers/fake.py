@@ -564,6 +564,7 @@ class FakeLLMServer:
         anthropic_image_billing: str = "claude",
         require_api_key: str | None = None,
         responder: Callable[[str, Mapping[str, Any]], Step | None] | None = None,
+        log_limit: int | None = None,
     ) -> None:
         self.context_window = context_window
         # Answers a request the script has no step for, from what it holds (protocol,
@@ -577,7 +578,10 @@ class FakeLLMServer:
         self._port = port
         self._lock = threading.Lock()
         self._script: deque[Step] = deque(script)
-        self._log: list[RecordedRequest] = []
+        # Every request by default (tests read the whole log); the demo server behind
+        # fake/* keeps only the newest, so a long-running `make run` does not hold every
+        # request body (images and all) in memory.
+        self._log: deque[RecordedRequest] = deque(maxlen=log_limit)
         self._ids = 0
         self._stopping = threading.Event()
         self._connections: set[socket.socket] = set()
@@ -1106,12 +1110,15 @@ _shared: FakeLLMServer | None = None
 _shared_lock = threading.Lock()
 
 
+SHARED_LOG_LIMIT = 50
+
+
 def shared_server() -> FakeLLMServer:
     """The process-wide fake server behind ``fake/*`` models, started on first use."""
     global _shared
     with _shared_lock:
         if _shared is None:
-            _shared = FakeLLMServer().start()
+            _shared = FakeLLMServer(log_limit=SHARED_LOG_LIMIT).start()
             atexit.register(_shared.stop)
         return _shared
 
