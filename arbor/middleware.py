@@ -82,3 +82,35 @@ def _json_error(request: HttpRequest, response: HttpResponse) -> HttpResponse:
             replacement["Allow"] = response["Allow"]
         return replacement
     return response
+
+
+@sync_and_async_middleware
+def private_pages(get_response: Callable[[HttpRequest], Any]) -> Callable[..., Any]:
+    """A Permissions-Policy on every response, and ``Cache-Control: no-store`` on what a
+    signed-in user is shown (a shared computer's cache or a proxy keeps no copy of
+    their conversations)."""
+    if iscoroutinefunction(get_response):
+
+        async def async_middleware(request: HttpRequest) -> HttpResponse:
+            return _private(request, await get_response(request))
+
+        return async_middleware
+
+    def middleware(request: HttpRequest) -> HttpResponse:
+        return _private(request, get_response(request))
+
+    return middleware
+
+
+def _private(request: HttpRequest, response: HttpResponse) -> HttpResponse:
+    from django.conf import settings
+
+    response.setdefault("Permissions-Policy", settings.ARBOR_PERMISSIONS_POLICY)
+    # A session cookie or a credential: someone's own pages (no user lookup here, which
+    # would be a database read in the gateway's async views).
+    private = settings.SESSION_COOKIE_NAME in request.COOKIES or bool(
+        request.headers.get("Authorization") or request.headers.get("X-Api-Key")
+    )
+    if private and not response.has_header("Cache-Control"):
+        response["Cache-Control"] = "no-store"
+    return response

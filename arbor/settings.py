@@ -56,6 +56,7 @@ MIDDLEWARE = [
     "csp.middleware.CSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "arbor.middleware.api_json_errors",
+    "arbor.middleware.private_pages",
 ]
 
 ROOT_URLCONF = "arbor.urls"
@@ -132,6 +133,18 @@ CONTENT_SECURITY_POLICY = {
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", not DEBUG)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+
+# HTTPS in production (README "Deploying"): off unless set, because `make run` and the
+# tests serve plain HTTP on loopback. Behind a TLS-terminating proxy, name the header it
+# sets: ARBOR_PROXY_SSL_HEADER=HTTP_X_FORWARDED_PROTO.
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+_proxy_ssl_header = env_str("ARBOR_PROXY_SSL_HEADER", "")
+SECURE_PROXY_SSL_HEADER = (_proxy_ssl_header, "https") if _proxy_ssl_header else None
+# What pages may use (none of these), sent on every response (arbor.middleware).
+ARBOR_PERMISSIONS_POLICY = "camera=(), microphone=(), geolocation=(), payment=(), usb=()"
 
 # Celery: with no broker configured, tasks run in-process (the embedded default).
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from django.test import SimpleTestCase, TestCase
 
 from arbor.env import ImproperlyConfiguredEnv, database_from_url, env_bool, env_int, env_list
 
@@ -87,3 +88,39 @@ def test_the_sqlite_database_runs_in_wal_mode_with_normal_sync() -> None:
             assert cursor.fetchone()[0] == "wal"
             cursor.execute("PRAGMA synchronous")
             assert cursor.fetchone()[0] == 1  # NORMAL
+
+
+class DeploymentChecksTests(SimpleTestCase):
+    def test_check_deploy_with_the_production_environment_has_no_warnings(self) -> None:
+        """The environment README's "Deploying" names passes `check --deploy` clean."""
+        import secrets
+
+        env = {
+            **os.environ,
+            "DEBUG": "0",
+            "SECRET_KEY": secrets.token_urlsafe(60),
+            "ALLOWED_HOSTS": "arbor.example.com",
+            "SECURE_SSL_REDIRECT": "1",
+            "SECURE_HSTS_SECONDS": "31536000",
+            "SECURE_HSTS_INCLUDE_SUBDOMAINS": "1",
+            "SECURE_HSTS_PRELOAD": "1",
+            "SECURE_COOKIES": "1",
+            "ARBOR_PROXY_SSL_HEADER": "HTTP_X_FORWARDED_PROTO",
+        }
+        done = subprocess.run(
+            [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+            cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True,
+        )  # fmt: skip
+        self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+
+
+class PrivatePagesTests(TestCase):
+    def test_signed_in_pages_are_not_cached_and_features_are_off(self) -> None:
+        from tests.builders import make_user
+
+        anonymous = self.client.get("/login/")
+        self.assertIn("camera=()", anonymous["Permissions-Policy"])
+        self.client.force_login(make_user())
+        page = self.client.get("/")
+        self.assertEqual(page["Cache-Control"], "no-store")
+        self.assertIn("camera=()", page["Permissions-Policy"])
