@@ -167,10 +167,28 @@ def _clean_input(parts: Any, owner_id: Any) -> list[dict[str, Any]]:
 
 
 def _resolve(model: str) -> ModelSpec:
+    """The model a turn may use: one Arbor knows (built in, or declared in ARBOR_MODELS),
+    the offline demo, or the configured default; never any id a client makes up (a
+    costly model the operator's keys happen to reach)."""
+    from conversations.providers.registry import declared_models
+
     try:
-        return resolve_model(model)
+        spec = resolve_model(model)
     except ValueError as exc:
         raise InvalidInput(str(exc), code="bad_model") from None
+    known = (
+        spec.fake
+        or spec.id in declared_models()
+        or spec.id == settings.ARBOR_DEFAULT_MODEL
+        or not spec.assumed
+    )
+    if not known:
+        raise InvalidInput(
+            f"model {spec.id!r} is not configured: declare it in the ARBOR_MODELS file "
+            "(or make it ARBOR_DEFAULT_MODEL)",
+            code="bad_model",
+        )
+    return spec
 
 
 def turn_events(

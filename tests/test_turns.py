@@ -218,6 +218,10 @@ class RetryTests(ChatTestCase):
         assert not TurnAttempt.objects.exists()
         response = self.chat(conv, "hi", "nonsense-model")
         assert response.status_code == 422 and response.json()["error"] == "bad_model"
+        # A real-looking id nobody configured (a costly model the keys might reach).
+        response = self.chat(conv, "hi", "openai/o1-pro")
+        assert response.status_code == 422 and response.json()["error"] == "bad_model"
+        assert "not configured" in response.json()["detail"]
         assert not TurnAttempt.objects.exists()
 
 
