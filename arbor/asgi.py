@@ -4,5 +4,8 @@ import os
 
 from django.core.asgi import get_asgi_application
 
+from arbor.bodylimit import BodyLimit
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "arbor.settings")
-application = get_asgi_application()
+# Oversized bodies are refused (413) before Django spools them to disk.
+application = BodyLimit(get_asgi_application())
