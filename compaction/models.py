@@ -114,6 +114,30 @@ class ModelCalibration(models.Model):
         return f"{self.model} ×{self.factor:.2f}"
 
 
+class CalibrationEvent(models.Model):
+    """One thing the estimator learnt about a model: a measured request or an overflow
+    error, and how the factor moved (settings shows the newest; a bounded history)."""
+
+    class Kind(models.TextChoices):
+        MEASURED = "measured"
+        OVERFLOW = "overflow"
+
+    model = models.CharField(max_length=200)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    raw_estimate = models.PositiveIntegerField()
+    measured = models.PositiveIntegerField(null=True, blank=True)
+    limit = models.PositiveIntegerField(null=True, blank=True)
+    factor_before = models.FloatField()
+    factor_after = models.FloatField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["model", "-created_at"], name="calib_event_model")]
+
+    def __str__(self) -> str:
+        return f"{self.model} {self.kind} ×{self.factor_before:.2f}→×{self.factor_after:.2f}"
+
+
 class JobState(models.TextChoices):
     QUEUED = "queued"
     RUNNING = "running"

@@ -34,6 +34,7 @@ from compaction.ladder import (
     run_ladder,
 )
 from compaction.models import (
+    CalibrationEvent,
     CompactionJob,
     CompactionRecord,
     JobState,
@@ -78,11 +79,34 @@ def _calibration_save(model_id: str, calibration: Calibration, **extra: Any) -> 
     )
 
 
+# Events kept per model (settings shows the newest).
+CALIBRATION_HISTORY = 50
+
+
+def _calibration_event(
+    model_id: str, kind: str, raw: int, before: float, after: float, **numbers: Any
+) -> None:
+    CalibrationEvent.objects.create(
+        model=model_id, kind=kind, raw_estimate=max(0, raw), factor_before=before,
+        factor_after=after, **numbers,
+    )  # fmt: skip
+    stale = CalibrationEvent.objects.filter(model=model_id).order_by("-created_at", "-pk")
+    old = list(stale.values_list("pk", flat=True)[CALIBRATION_HISTORY : CALIBRATION_HISTORY + 50])
+    if old:
+        CalibrationEvent.objects.filter(pk__in=old).delete()
+
+
 def calibration_observe(*, model_id: str, raw_estimate: int, measured: int) -> Calibration:
     """Learn from the provider's measured input tokens for a request we estimated."""
     calibration, _ = calibration_get(model_id)
+    before = calibration.factor
     calibration = calibration.observe(raw_estimate, measured)
     _calibration_save(model_id, calibration)
+    # The first few, and any that moved the factor by more than 1%.
+    if abs(calibration.factor - before) > 0.01 * before or calibration.samples <= 3:
+        _calibration_event(
+            model_id, "measured", raw_estimate, before, calibration.factor, measured=measured
+        )
     return calibration
 
 
@@ -95,9 +119,14 @@ def calibration_overflow(
     (ladder.reactive), but one odd overflow message must not pin the factor for every
     later request of the model."""
     calibration, reported = calibration_get(model_id)
+    before = calibration.factor
     if measured:
         calibration = calibration.observe(raw_estimate, measured)
     _calibration_save(model_id, calibration, reported_limit=limit or reported)
+    _calibration_event(
+        model_id, "overflow", raw_estimate, before, calibration.factor, measured=measured,
+        limit=limit,
+    )  # fmt: skip
     return calibration
 
 

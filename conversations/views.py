@@ -807,6 +807,20 @@ def _configured_models(*, staff: bool) -> tuple[list[ModelSpec], str]:
     return models, error
 
 
+def _calibrations() -> list[dict[str, Any]]:
+    """How far each model's provider counts from Arbor's estimate, and what taught it."""
+    from compaction.models import CalibrationEvent, ModelCalibration
+
+    rows = list(ModelCalibration.objects.order_by("model"))
+    events: dict[str, list[CalibrationEvent]] = defaultdict(list)
+    for event in CalibrationEvent.objects.filter(model__in=[r.model for r in rows]).order_by(
+        "-created_at", "-pk"
+    )[:500]:
+        if len(events[event.model]) < 8:
+            events[event.model].append(event)
+    return [{"row": r, "events": events[r.model]} for r in rows]
+
+
 @login_required
 @require_http_methods(["GET", "POST"])
 def settings_page(request: HttpRequest) -> HttpResponse:
@@ -833,6 +847,7 @@ def settings_page(request: HttpRequest) -> HttpResponse:
             "models": models,
             "models_error": models_error,
             "default_model": settings.ARBOR_DEFAULT_MODEL,
+            "calibrations": _calibrations(),
         },
         status=status,
     )

@@ -115,3 +115,22 @@ class ModelListTests(TestCase):
         response = self.client.get("/settings/")
         assert response.status_code == 302
         assert response["Location"].startswith("/login/")
+
+
+class CalibrationHistoryTests(TestCase):
+    """One odd overflow error moves a model's calibration a bounded step, never pins it
+    (a 250,000-token claim for a small request), and settings shows what was learnt."""
+
+    def test_an_absurd_overflow_moves_the_factor_a_bounded_step_and_is_shown(self) -> None:
+        from compaction import services as compaction
+
+        calibration = compaction.calibration_overflow(
+            model_id="anthropic/claude-sonnet-4-5", raw_estimate=1_000, measured=250_000,
+            limit=200_000,
+        )  # fmt: skip
+        assert 1.0 < calibration.factor <= 1.25, calibration.factor
+        user = make_user("calibrated")
+        self.client.force_login(user)
+        page = self.client.get("/settings/").content.decode()
+        assert 'id="calibration"' in page and "anthropic/claude-sonnet-4-5" in page
+        assert "overflow: estimated 1000, counted 250000, window 200000" in page
