@@ -68,7 +68,7 @@ class Exchange:
 
     def raw_tokens(self, rule: str) -> int:
         """The estimator's raw count of the request as the client sent it."""
-        fixed = request_tokens((), rule=rule, system=self.system, tools=self.tools)
+        fixed = _fixed_tokens(self.system, self.tools, rule)
         pairs = zip(self.digests, self.drafts, strict=True)
         return fixed + sum(_message_raw(digest, drafts, rule) for digest, drafts in pairs)
 
@@ -126,6 +126,39 @@ def _message_raw(digest: str, drafts: list[wire.Draft], rule: str) -> int:
     return cached
 
 
+_FIXED_CACHE: OrderedDict[tuple[str, str, str], int] = OrderedDict()
+_DIGEST_CACHE: OrderedDict[str, str] = OrderedDict()
+_DIGEST_KEY_MAX = 32 * 1024
+
+
+def _fixed_tokens(system: str, tools: Sequence[Mapping[str, Any]], rule: str) -> int:
+    """The system prompt and tool definitions, counted once per distinct pair (a
+    harness sends the same tens of kilobytes with every request)."""
+    key = (system, json.dumps(tools, separators=(",", ":")), rule)
+    found = _FIXED_CACHE.get(key)
+    if found is None:
+        found = _remember(
+            _FIXED_CACHE, key, request_tokens((), rule=rule, system=system, tools=tools)
+        )
+        while len(_FIXED_CACHE) > 64:
+            _FIXED_CACHE.popitem(last=False)
+    return found
+
+
+def _digest_of(message: Mapping[str, Any], to_digest: Any) -> str:
+    """A wire message's digest, looked up by its exact JSON first (C-fast) and computed
+    (the canonical form, in Python) only for a message not seen in that exact form."""
+    exact = json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+    if len(exact) > _DIGEST_KEY_MAX:  # an image or a huge result: not kept as a key
+        return str(to_digest(message))
+    found = _DIGEST_CACHE.get(exact)
+    if found is None:
+        found = _remember(_DIGEST_CACHE, exact, to_digest(message))
+    else:
+        _DIGEST_CACHE.move_to_end(exact)
+    return found
+
+
 def _for_estimate(draft: wire.Draft) -> dict[str, Any]:
     return {"id": "", "role": draft["role"], "parts": draft["parts"], "metadata": {}}
 
@@ -177,7 +210,7 @@ def exchange_read(
     for i, message in enumerate(wire_messages):
         if not isinstance(message, dict):
             raise wire.WireError(f"messages.{i}: a message is an object")
-        digest = to_digest(message)
+        digest = _digest_of(message, to_digest)
         cached = _DRAFT_CACHE.get(digest)
         if cached is None:
             cached = _remember(
