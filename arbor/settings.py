@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 from csp.constants import NONE, SELF
@@ -41,6 +42,9 @@ INSTALLED_APPS = [
     "ninja",
     "conversations",
     "compaction",
+    # Login brute force: a username is locked out from an address after a few failures
+    # (/login/ and /admin/login/ alike).
+    "axes",
 ]
 
 MIDDLEWARE = [
@@ -57,7 +61,24 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
     "arbor.middleware.api_json_errors",
     "arbor.middleware.private_pages",
+    "axes.middleware.AxesMiddleware",
 ]
+
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("ARBOR_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("ARBOR_LOGIN_LOCKOUT_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+# Behind a proxy, the client's address comes from the header it sets.
+AXES_IPWARE_META_PRECEDENCE_ORDER = (
+    ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"]
+    if env_str("ARBOR_PROXY_SSL_HEADER", "")
+    else ["REMOTE_ADDR"]
+)
 
 ROOT_URLCONF = "arbor.urls"
 WSGI_APPLICATION = "arbor.wsgi.application"

@@ -95,8 +95,11 @@ class DeploymentChecksTests(SimpleTestCase):
         """The environment README's "Deploying" names passes `check --deploy` clean."""
         import secrets
 
+        # As a deployment has it: not the test run's own switches (the browser tests set
+        # DJANGO_ALLOW_ASYNC_UNSAFE for Playwright, which a deployment must not).
+        test_only = {"DJANGO_ALLOW_ASYNC_UNSAFE", "SECURE_COOKIES"}
         env = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k not in test_only},
             "DEBUG": "0",
             "SECRET_KEY": secrets.token_urlsafe(60),
             "ALLOWED_HOSTS": "arbor.example.com",
