@@ -47,21 +47,29 @@ class StaticFiles(WhiteNoiseMiddleware):
 _CODES = {404: "not_found", 405: "method_not_allowed", 400: "bad_request", 500: "server_error"}
 
 
-@sync_and_async_middleware
-def api_json_errors(get_response: Callable[[HttpRequest], Any]) -> Callable[..., Any]:
-    """Errors under /api/ are JSON, even the ones Django answers before the API sees
-    them."""
+def _after(
+    get_response: Callable[[HttpRequest], Any],
+    change: Callable[[HttpRequest, HttpResponse], HttpResponse],
+) -> Callable[..., Any]:
+    """A middleware that changes the response, in the chain's own mode (sync or async)."""
     if iscoroutinefunction(get_response):
 
         async def async_middleware(request: HttpRequest) -> HttpResponse:
-            return _json_error(request, await get_response(request))
+            return change(request, await get_response(request))
 
         return async_middleware
 
     def middleware(request: HttpRequest) -> HttpResponse:
-        return _json_error(request, get_response(request))
+        return change(request, get_response(request))
 
     return middleware
+
+
+@sync_and_async_middleware
+def api_json_errors(get_response: Callable[[HttpRequest], Any]) -> Callable[..., Any]:
+    """Errors under /api/ are JSON, even the ones Django answers before the API sees
+    them."""
+    return _after(get_response, _json_error)
 
 
 def _json_error(request: HttpRequest, response: HttpResponse) -> HttpResponse:
@@ -89,17 +97,7 @@ def private_pages(get_response: Callable[[HttpRequest], Any]) -> Callable[..., A
     """A Permissions-Policy on every response, and ``Cache-Control: no-store`` on what a
     signed-in user is shown (a shared computer's cache or a proxy keeps no copy of
     their conversations)."""
-    if iscoroutinefunction(get_response):
-
-        async def async_middleware(request: HttpRequest) -> HttpResponse:
-            return _private(request, await get_response(request))
-
-        return async_middleware
-
-    def middleware(request: HttpRequest) -> HttpResponse:
-        return _private(request, get_response(request))
-
-    return middleware
+    return _after(get_response, _private)
 
 
 def _private(request: HttpRequest, response: HttpResponse) -> HttpResponse:

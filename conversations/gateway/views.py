@@ -576,11 +576,7 @@ async def anthropic_count_tokens(request: HttpRequest) -> HttpResponse:
     """The upstream's own count where it has the endpoint; else Arbor's estimate."""
     user = await _user(request)
     if user is None:
-        return ANTHROPIC.error(
-            401,
-            "authentication_error",
-            "send an Arbor API token as x-api-key or Authorization: Bearer",
-        )
+        return _unauthorized(ANTHROPIC)
     try:
         body = json.loads(_read_body(request) or b"")
         assert isinstance(body, dict)
@@ -621,12 +617,7 @@ def _model_list() -> list[dict[str, Any]]:
 async def openai_models(request: HttpRequest) -> HttpResponse:
     user = await _user(request)
     if user is None:
-        return OPENAI.error(
-            401,
-            "invalid_request_error",
-            "send an Arbor API token as Authorization: Bearer",
-            code="invalid_api_key",
-        )
+        return _unauthorized(OPENAI)
     data = await sync_to_async(_model_list)()
     return JsonResponse({"object": "list", "data": data})
 

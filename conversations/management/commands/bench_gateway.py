@@ -23,21 +23,19 @@ import http.client
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 
 from compaction.models import CompactionRecord
 from conversations import services
 from conversations.gateway.cache_model import Bill, PromptCache
+from conversations.management.liveserver import percentile, uvicorn
 from conversations.models import Conversation
 from conversations.providers.fake import (
     FakeLLMServer,
@@ -71,11 +69,6 @@ def _output(n: int) -> str:
         f"step {n} line {i}: build/output/module_{n % 17}.o compiled in {n * 7 % 100} ms"
         for i in range(20)
     )
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class _Client:
@@ -213,7 +206,6 @@ class Command(BaseCommand):
                 }
             )
         )
-        port = _free_port()
         env = dict(
             os.environ,
             ARBOR_MODELS=str(models),
@@ -221,38 +213,19 @@ class Command(BaseCommand):
             ALLOWED_HOSTS="127.0.0.1",
             ARBOR_INPROCESS_JOBS="thread",
         )
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "arbor.asgi:application",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-                "--no-access-log",
-            ],
-            cwd=settings.BASE_DIR,
-            env=env,
-        )
         try:
-            _wait(port)
-            gateway = f"http://127.0.0.1:{port}/gateway/anthropic"
-            headers = {
-                "content-type": "application/json",
-                "x-api-key": token,
-                "anthropic-version": "2023-06-01",
-            }
-            result = {
-                "latency": self._latency(fake, gateway, headers, options["iterations"]),
-                "session": self._session(fake, gateway, headers, options),
-            }
+            with uvicorn(env) as port:
+                gateway = f"http://127.0.0.1:{port}/gateway/anthropic"
+                headers = {
+                    "content-type": "application/json",
+                    "x-api-key": token,
+                    "anthropic-version": "2023-06-01",
+                }
+                result = {
+                    "latency": self._latency(fake, gateway, headers, options["iterations"]),
+                    "session": self._session(fake, gateway, headers, options),
+                }
         finally:
-            server.terminate()
-            server.wait(20)
             fake.stop()
             for conversation in Conversation.objects.filter(owner=user):
                 services.conversation_delete(conversation=conversation)
@@ -297,7 +270,7 @@ class Command(BaseCommand):
                     (statistics.median(times["g"]) - statistics.median(times["d"])) * ms, 2
                 ),
                 "added_p95_ms": round(
-                    (_percentile(times["g"], 0.95) - _percentile(times["d"], 0.95)) * ms, 2
+                    (percentile(times["g"], 0.95) - percentile(times["d"], 0.95)) * ms, 2
                 ),
                 "ttfb_direct_p50_ms": round(statistics.median(times["dt"]) * ms, 2),
                 "ttfb_gateway_p50_ms": round(statistics.median(times["gt"]) * ms, 2),
@@ -385,24 +358,3 @@ def _add(total: Bill, bill: Bill) -> None:
     total.uncached += bill.uncached
     total.written += bill.written
     total.read += bill.read
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait(port: int) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/gateway/anthropic")
-            conn.getresponse().read()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError("uvicorn did not start")

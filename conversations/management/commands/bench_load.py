@@ -13,35 +13,21 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter, defaultdict
 from typing import Any
 
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import connection
 
 from conversations import services
+from conversations.management.liveserver import percentile, uvicorn
 from conversations.models import Conversation
 
 BENCH_USERNAME = "__arbor_bench_load__"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
 class Command(BaseCommand):
@@ -60,19 +46,11 @@ class Command(BaseCommand):
             services.conversation_create(owner=user, title=f"load {i}", model="fake/demo")
             for i in range(options["clients"])
         ]
-        port = _free_port()
         env = dict(os.environ, ALLOWED_HOSTS="127.0.0.1", ARBOR_INPROCESS_JOBS="thread")
-        server = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "arbor.asgi:application", "--host", "127.0.0.1",
-             "--port", str(port), "--log-level", "warning", "--no-access-log"],
-            cwd=settings.BASE_DIR, env=env,
-        )  # fmt: skip
         try:
-            _wait(port)
-            result = self._load(port, token, conversations, options)
+            with uvicorn(env) as port:
+                result = self._load(port, token, conversations, options)
         finally:
-            server.terminate()
-            server.wait(20)
             for conversation in Conversation.objects.filter(owner=user):
                 services.conversation_delete(conversation=conversation)
             user.delete()
@@ -141,22 +119,9 @@ class Command(BaseCommand):
                 name: {
                     "count": len(values),
                     "p50": round(statistics.median(values) * 1000, 1),
-                    "p95": round(_percentile(values, 0.95) * 1000, 1),
-                    "p99": round(_percentile(values, 0.99) * 1000, 1),
+                    "p95": round(percentile(values, 0.95) * 1000, 1),
+                    "p99": round(percentile(values, 0.99) * 1000, 1),
                 }
                 for name, values in sorted(timings.items())
             },
         }
-
-
-def _wait(port: int) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/login/")
-            conn.getresponse().read()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError("uvicorn did not start")
