@@ -617,16 +617,6 @@ def _assemble(
     return Forward(out, context, prefix_end if context.record is not None else None)
 
 
-def forward_fits(forward: Forward, spec: ModelSpec) -> bool:
-    """Whether the built request fits the room for input (the threshold's budget or
-    beyond it up to the window less the answer's reserve)."""
-    view = forward.context.view
-    if view is None:
-        return forward.context.fits
-    room = view.model.context_window - spec.max_output
-    return forward.context.estimate <= room
-
-
 def usage_learn(*, spec: ModelSpec, raw_estimate: int, input_tokens: int | None) -> None:
     """The upstream's count of a request whose raw estimate we know."""
     if input_tokens:
