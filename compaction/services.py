@@ -443,22 +443,36 @@ def context_build(
         )  # fmt: skip
 
     shrink = ImageShrinker()
-    free = run_ladder(view, shrink=shrink)
-    if free.fits and not compacts(free.rungs):
-        return answer(free)  # the originals fit (their images fitted to the provider)
     ids = [m["id"] for m in originals]
-    record = _reusable_record(conversation, spec, ids, budget)
-    # A summary record never displaces free rungs that fit (a summary is the last rung),
-    # except between the steps of a stepped compaction, where the same record is what
-    # keeps the prefix stable.
     stepped = target is not None and target < budget
-    if record is not None and (stepped or not (free.fits and "summary" in record.rung_names)):
+
+    def reuse(record: CompactionRecord) -> ContextResult | None:
         after = originals[ids.index(str(record.anchor_id)) + 1 :]
         reused = replace(view, messages=(*(as_message(m) for m in record.view), *after))
         reused, _ = fit_images(reused, shrink=shrink)
-        if reused.fits():
-            result = LadderResult(replace(reused, source=view.source), (), True)
-            return answer(result, record=record, reused=True)
+        if not reused.fits():
+            return None
+        result = LadderResult(replace(reused, source=view.source), (), True)
+        return answer(result, record=record, reused=True)
+
+    if stepped:
+        # Between the steps of a stepped compaction the step's record is what keeps the
+        # prefix stable, summary or not: it is looked for before the free rungs run over
+        # the whole path (each request of a long session would pay for them).
+        record = _reusable_record(conversation, spec, ids, budget)
+        hit = reuse(record) if record is not None else None
+        if hit is not None:
+            return hit
+    free = run_ladder(view, shrink=shrink)
+    if free.fits and not compacts(free.rungs):
+        return answer(free)  # the originals fit (their images fitted to the provider)
+    if not stepped:
+        record = _reusable_record(conversation, spec, ids, budget)
+        # A summary record never displaces free rungs that fit (a summary is the last rung).
+        if record is not None and not (free.fits and "summary" in record.rung_names):
+            hit = reuse(record)
+            if hit is not None:
+                return hit
     if not compact:
         if free.fits or not preview_pages:
             return answer(free)  # (without a preview, whether pages would do is unknown)
