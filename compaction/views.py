@@ -174,23 +174,23 @@ def compact(request: HttpRequest, cid: str) -> HttpResponseBase:
 @login_required
 @require_GET
 def job_progress(request: HttpRequest, cid: str, job_id: str) -> HttpResponse:
+    conversation, job = _job_or_404(request, cid, job_id)
+    return _job_fragment(request, conversation, job)
+
+
+def _job_or_404(request: HttpRequest, cid: str, job_id: str) -> tuple[Conversation, CompactionJob]:
     conversation = conversation_or_404(request, cid)
     try:
-        job = selectors.job_get(conversation=conversation, job_id=job_id)
+        return conversation, selectors.job_get(conversation=conversation, job_id=job_id)
     except NotFound:
         raise Http404("no such job") from None
-    return _job_fragment(request, conversation, job)
 
 
 @login_required
 @require_POST
 def job_run_now(request: HttpRequest, cid: str, job_id: str) -> HttpResponseBase:
     """Run a job no worker has taken, inside this request."""
-    conversation = conversation_or_404(request, cid)
-    try:
-        job = selectors.job_get(conversation=conversation, job_id=job_id)
-    except NotFound:
-        raise Http404("no such job") from None
+    conversation, job = _job_or_404(request, cid, job_id)
     if services.job_stranded(job):
         services.job_run_now(job=job)
         job.refresh_from_db()

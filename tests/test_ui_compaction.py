@@ -446,9 +446,12 @@ class JobTests(Base):
 
     def test_a_job_no_worker_takes_says_so_and_runs_on_request(self) -> None:
         conv = long_conversation(self.alice, "stranded")
-        # The send was lost (a broker restart, a server killed before its thread ran it).
-        with mock.patch.object(run_compaction_job, "delay"), mock.patch("arbor.jobs.job_dispatch"):
-            self.client.post(f"/c/{conv.pk}/compact/", headers={"HX-Request": "true"})
+        # What a lost send leaves (a broker restart, a server killed before its thread
+        # ran the job): the job's row, queued, and no worker that will ever take it.
+        assert conv.tip_id is not None
+        CompactionJob.objects.create(
+            conversation=conv, anchor_id=conv.tip_id, model=VISION, trigger=Trigger.MANUAL
+        )
         job = CompactionJob.objects.get(conversation=conv)
         body = self.fragment(job).content.decode()
         assert "No worker has" not in body  # queued a moment ago: it is just waiting
