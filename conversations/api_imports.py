@@ -43,6 +43,7 @@ class ConversationImportOut(Schema):
     tool_calls: int
     tool_results: int
     tool_pairs: int
+    tool_pairs_elsewhere: int
     images: int
     compaction_markers: int
     checkpoints: int

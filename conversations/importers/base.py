@@ -129,7 +129,8 @@ class ConversationReport:
     leaves: int = 0
     tool_calls: int = 0
     tool_results: int = 0
-    tool_pairs: int = 0
+    tool_pairs: int = 0  # on the path to the tip
+    tool_pairs_elsewhere: int = 0  # on other branches
     images: int = 0
     compaction_markers: int = 0
     checkpoints: int = 0
@@ -151,6 +152,7 @@ class ConversationReport:
             "tool_calls": self.tool_calls,
             "tool_results": self.tool_results,
             "tool_pairs": self.tool_pairs,
+            "tool_pairs_elsewhere": self.tool_pairs_elsewhere,
             "images": self.images,
             "compaction_markers": self.compaction_markers,
             "checkpoints": self.checkpoints,

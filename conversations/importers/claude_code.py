@@ -2,10 +2,16 @@
 per line, linked by ``uuid``/``parentUuid``.
 
 - One API message is often written as several ``assistant`` records (one content block
-  each) sharing ``message.id`` and chained parent → child: they are merged into one
-  message (the record ids are kept in ``metadata.source.records``).
+  each) sharing ``message.id``: they are merged into one message (the record ids are
+  kept in ``metadata.source.records``). Records that are not messages (hook
+  ``progress``, ``attachment``, …) may sit between them and are looked through.
 - A ``user`` record holding ``tool_result`` blocks becomes a ``tool`` message (text in the
-  same record follows as a user message).
+  same record follows as a user message). Claude Code ≥ 2.1 hangs each result below the
+  record of its own ``tool_use``; the results of one message are chained in file order
+  (every call is answered on one line), and what follows the results continues below
+  the last of them.
+- Records without a ``parentUuid`` field (files other tools write) follow the record
+  before them; a file where no record has a parent is read in file order.
 - ``system``/``compact_boundary`` becomes a compaction marker (a system message with
   ``metadata.compaction_marker``) attached to its ``logicalParentUuid``; the summary
   record after it (``isCompactSummary``) stays a user message flagged ``compact_summary``.
@@ -17,6 +23,7 @@ per line, linked by ``uuid``/``parentUuid``.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,7 +77,14 @@ class _Reader:
         self.aliases: dict[str, str] = {}
         self.summaries: dict[str, str] = {}
         self.group_of: dict[str, Node] = {}  # assistant record uuid → its merged message
-        self.extended: set[str] = set()  # records whose chain already took a merge
+        # Records that are not messages → their parent: looked through when linking.
+        self.through: dict[str, str | None] = {}
+        # Tool results, per assistant message: the calls answered so far, the record
+        # the next result hangs below, and each result record's assistant message.
+        self.answered: dict[str, set[str]] = {}
+        self.results_end: dict[str, str] = {}
+        self.results_of: dict[str, str] = {}
+        self.previous: str | None = None  # the last message record, for file order
         self.ignored: Counter[str] = Counter()
         self.session_id: str | None = None
         self.order = 0
@@ -96,8 +110,15 @@ class _Reader:
             )
             return
         self.session_id = self.session_id or as_str(record.get("sessionId")) or None
-        parent = record.get("parentUuid")
-        parent_key = parent if isinstance(parent, str) and parent else None
+        if "parentUuid" in record:
+            parent = record.get("parentUuid")
+            parent_key = parent if isinstance(parent, str) and parent else None
+        else:
+            parent_key = self.previous
+        if kind in ("assistant", "user") or (
+            kind == "system" and record.get("subtype") == "compact_boundary"
+        ):
+            self.previous = uid
         side = bool(record.get("isSidechain"))
         created = parse_time(record.get("timestamp"))
         message = as_dict(record.get("message"))
@@ -113,7 +134,26 @@ class _Reader:
             )
             node = Node(uid, parent_key, "system", [], order=self.order, created_at=created)
             node.skip = f"a {what} record (not a message)"
+            self.through[uid] = parent_key
             self._append(node, side)
+
+    # -- linking --
+
+    def _look_through(self, key: str | None) -> str | None:
+        """The message record a parent id stands for: non-message records are looked
+        through, merged records stand for their message."""
+        seen = 0
+        while key is not None and key in self.through and seen < 10_000:
+            key = self.through[key]
+            seen += 1
+        return self.aliases.get(key, key) if key is not None else None
+
+    def _continue_below(self, key: str | None) -> str | None:
+        """Where a message continuing from ``key`` hangs: below the last result of the
+        assistant message when ``key`` is one of its results."""
+        key = self._look_through(key)
+        owner = self.results_of.get(key) if key is not None else None
+        return self.results_end[owner] if owner is not None else key
 
     # -- record kinds --
 
@@ -127,17 +167,16 @@ class _Reader:
         record: dict[str, Any],
     ) -> None:
         message_id = as_str(message.get("id"))
-        group = self.group_of.get(parent) if parent else None
-        if (
-            group is not None
-            and message_id
-            and group.metadata.get("message_id") == message_id
-            and parent not in self.extended
-        ):
-            # Another block of the same API message: merge into it.
-            assert parent is not None
-            self.extended.add(parent)
-            group.parts.extend(_assistant_parts(message.get("content"), group, uid))
+        through = self._look_through(parent)
+        group = self.group_of.get(through) if through else None
+        if group is not None and message_id and group.metadata.get("message_id") == message_id:
+            # Another block of the same API message: merge into it (a block written
+            # twice is kept once).
+            have = {p["id"] for p in group.parts if p.get("type") == "tool_call"}
+            parts = _assistant_parts(message.get("content"), group, uid)
+            group.parts.extend(
+                p for p in parts if not (p.get("type") == "tool_call" and p["id"] in have)
+            )
             group.metadata["source"]["records"].append(uid)
             for key, field in (("stop_reason", "stop_reason"), ("usage", "usage")):
                 if message.get(field) is not None:
@@ -145,7 +184,9 @@ class _Reader:
             self.aliases[uid] = group.key
             self.group_of[uid] = group
             return
-        node = Node(uid, parent, "assistant", [], order=self.order, created_at=created)
+        node = Node(
+            uid, self._continue_below(parent), "assistant", [], order=self.order, created_at=created
+        )
         node.parts = _assistant_parts(message.get("content"), node, uid)
         node.metadata = {"source": _source(uid, records=[uid])}
         if message_id:
@@ -188,6 +229,9 @@ class _Reader:
         # The last message made from a record keeps the record's id, so that children
         # naming it attach below everything the record became.
         chain: list[Node] = []
+        parent = (
+            self._link_results(uid, parent, results) if results else self._continue_below(parent)
+        )
         if results:
             key = f"{uid}#results" if others else uid
             tool = Node(key, parent, "tool", [], order=self.order, created_at=created)
@@ -226,7 +270,7 @@ class _Reader:
         detail = f"{trigger}, {tokens} tokens before" if tokens is not None else trigger
         node = Node(
             uid,
-            parent or logical,
+            self._continue_below(parent or logical),
             "system",
             [text_part(f"[Conversation compacted here ({detail}); the summary follows.]")],
             metadata={"source": _source(uid), "compaction_marker": marker},
@@ -234,6 +278,27 @@ class _Reader:
             created_at=created,
         )
         self._append(node, side)
+
+    def _link_results(self, uid: str, parent: str | None, results: list[Any]) -> str | None:
+        """The parent of a record of tool results. Results answering calls of the
+        assistant message above (new calls, not answered yet) join that message's
+        chain of results; anything else (a result run again, one for a call not made
+        there) stays where the file put it."""
+        through = self._look_through(parent)
+        owner_key = self.results_of.get(through, through) if through is not None else None
+        owner = self.by_key.get(owner_key) if owner_key is not None else None
+        if owner is None or owner.role != "assistant":
+            return through
+        calls = {p["id"] for p in owner.parts if p.get("type") == "tool_call"}
+        ids = {as_str(b.get("tool_use_id")) for b in results}
+        answered = self.answered.setdefault(owner.key, set())
+        if not ids <= calls or ids & answered:
+            return through
+        answered |= ids
+        below = self.results_end.get(owner.key, owner.key)
+        self.results_end[owner.key] = uid
+        self.results_of[uid] = owner.key
+        return below
 
     # -- grouping --
 
@@ -264,6 +329,15 @@ class _Reader:
             listed = ", ".join(f"{k} ×{n}" for k, n in sorted(self.ignored.items()))
             self.report.skipped.add("not_a_message", "file", f"records without a uuid: {listed}")
         main = [n for n in self.nodes if not self.sidechain[n.key]]
+        messages = [n for n in main if n.skip is None]
+        if len(messages) > 1 and all(n.parent is None for n in messages):
+            for before, node in itertools.pairwise(messages):
+                node.parent = before.key
+            self.report.repaired.add(
+                "file_order",
+                "file",
+                f"no record names its parent: the {len(messages)} messages are read in file order",
+            )
         side: dict[str, list[Node]] = {}
         memo: dict[str, str] = {}
         for node in self.nodes:

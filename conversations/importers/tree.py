@@ -344,17 +344,30 @@ def _is_boundary(node: Node) -> bool:
 
 
 def _count(built: BuiltConversation) -> None:
-    """Fill the report's counts and flag tool traffic that does not pair up. A call is
-    answered by a result in one of the tool messages directly below its assistant
-    message (the rule conversations.resume applies)."""
+    """Fill the report's counts and flag tool traffic that does not pair up, as
+    conversations.resume reads it: a call is answered by a result in the run of tool
+    messages directly below its assistant message, on the same line of history. A
+    result on a sibling branch answers nothing on this one. ``tool_pairs`` counts the
+    pairs on the path to the tip; pairs on other branches are ``tool_pairs_elsewhere``."""
     report = built.source.report
     by_key = {m.key: m for m in built.messages}
-    has_children = {m.parent for m in built.messages if m.parent is not None}
-    answered: dict[str, set[str]] = {}
+    children: dict[str, list[str]] = {}
+    for m in built.messages:
+        if m.parent is not None:
+            children.setdefault(m.parent, []).append(m.key)
+    on_path: set[str] = set()
+    key = built.tip
+    while key is not None and key not in on_path:
+        on_path.add(key)
+        key = by_key[key].parent
     report.messages = len(built.messages)
     report.roots = sum(1 for m in built.messages if m.parent is None)
-    report.leaves = sum(1 for m in built.messages if m.key not in has_children)
+    report.leaves = sum(1 for m in built.messages if m.key not in children)
     report.checkpoints = len(built.checkpoints)
+    # Per tool message: its assistant message, and the calls answered from that
+    # message down to it (messages come parents first).
+    owner_of: dict[str, str | None] = {}
+    answered: dict[str, set[str]] = {}
     for message in built.messages:
         node = message.node
         if "compaction_marker" in node.metadata:
@@ -367,43 +380,81 @@ def _count(built: BuiltConversation) -> None:
                 report.tool_results += 1
         if node.role != "tool":
             continue
-        owner = message.parent
-        while owner is not None and by_key[owner].node.role == "tool":
-            owner = by_key[owner].parent
+        above = message.parent
+        if above is not None and by_key[above].node.role == "tool":
+            owner, done = owner_of[above], set(answered[above])
+        else:
+            owner, done = above, set()
+        owner_node = by_key[owner].node if owner is not None else None
         calls = (
-            {p["id"] for p in by_key[owner].node.parts if p.get("type") == "tool_call"}
-            if owner is not None and by_key[owner].node.role == "assistant"
+            {p["id"] for p in owner_node.parts if p.get("type") == "tool_call"}
+            if owner_node is not None and owner_node.role == "assistant"
             else set()
         )
         for part in node.parts:
-            call_id = str(part.get("call_id"))
             if part.get("type") != "tool_result":
                 continue
-            done = answered.setdefault(str(owner), set())
+            call_id = str(part.get("call_id"))
             if call_id in calls and call_id not in done:
                 done.add(call_id)
-                report.tool_pairs += 1
+                if message.key in on_path:
+                    report.tool_pairs += 1
+                else:
+                    report.tool_pairs_elsewhere += 1
             else:
                 report.flagged.add(
                     "unpaired_tool_result",
                     f"message {node.key}",
                     f"result for {call_id!r} has no call just above it: kept; resume leaves it out",
                 )
+        owner_of[message.key], answered[message.key] = owner, done
     for message in built.messages:
         node = message.node
         if node.role != "assistant":
             continue
         made = [str(p["id"]) for p in node.parts if p.get("type") == "tool_call"]
-        missing = [c for c in made if c not in answered.get(message.key, set())]
+        if not made:
+            continue
+        # Every line of history below the message: the calls its run of results left
+        # unanswered (a line without results answers none).
+        below = children.get(message.key, [])
+        lines = [(answered[e], e in on_path) for e in _run_ends(message.key, by_key, children)]
+        direct = [c for c in below if by_key[c].node.role != "tool"]
+        if direct or not below:
+            lines.append((set(), message.key == built.tip or any(c in on_path for c in direct)))
+        missing: dict[str, bool] = {}  # call id → missing on the path to the tip
+        for have, path in lines:
+            for call_id in made:
+                if call_id not in have:
+                    missing[call_id] = missing.get(call_id, False) or path
         if missing:
             if not built.source.verbatim:
-                node.metadata["unpaired_tool_calls"] = missing
-            for call_id in missing:
+                node.metadata["unpaired_tool_calls"] = list(missing)
+            for call_id, path in missing.items():
+                where = "resume trims it" if path else "on a branch off the current path"
                 report.flagged.add(
                     "unpaired_tool_call",
                     f"message {node.key}",
-                    f"tool call {call_id!r} has no result: kept; resume trims it",
+                    f"tool call {call_id!r} has no result: kept; {where}",
                 )
+
+
+def _run_ends(
+    key: str, by_key: dict[str, BuiltMessage], children: dict[str, list[str]]
+) -> list[str]:
+    """The last tool message of each line of tool messages below ``key`` (a tool message
+    ends a line where anything but a tool message, or nothing, follows it); empty when
+    no child is a tool message."""
+    ends: list[str] = []
+    stack = [c for c in children.get(key, []) if by_key[c].node.role == "tool"]
+    while stack:
+        current = stack.pop()
+        below = children.get(current, [])
+        tools = [c for c in below if by_key[c].node.role == "tool"]
+        if len(tools) < len(below) or not below:
+            ends.append(current)
+        stack.extend(tools)
+    return ends
 
 
 def _count_images(parts: list[Any]) -> int:

@@ -79,7 +79,8 @@ class Command(BaseCommand):
         for conv in report.conversations:
             self.stdout.write(
                 f"  {conv.id}  {conv.title!r}: {conv.messages} messages, {conv.leaves} leaves, "
-                f"{conv.tool_pairs} tool pairs, {conv.images} images, "
+                f"{conv.tool_pairs} tool pairs on the path "
+                f"({conv.tool_pairs_elsewhere} elsewhere), {conv.images} images, "
                 f"{conv.compaction_markers} compaction markers; tip by {conv.tip_rule}"
             )
             for bucket in ("skipped", "repaired", "flagged"):
