@@ -7,11 +7,13 @@ STAMP := $(VENV)/.installed-stamp
 # Checks and tests never need a real secret.
 TEST_ENV := SECRET_KEY=test-only-secret-key-not-for-production
 
-# Real agent harnesses for the gateway tests (tests/test_gateway_harness.py), from the
-# npm registry at pinned versions. Without npm they are skipped, except under CI=true.
+# Real agent harnesses for the gateway tests (tests/test_gateway_harness.py) and the
+# importer tests (Codex: tests/test_import_codex.py), from the npm registry at pinned
+# versions. Without npm they are skipped, except under CI=true.
 HARNESS := var/harness
 HARNESS_STAMP := $(HARNESS)/.installed-stamp
-HARNESS_PACKAGES := @anthropic-ai/claude-code@2.1.197 @mariozechner/pi-coding-agent@0.73.1
+HARNESS_PACKAGES := @anthropic-ai/claude-code@2.1.197 @mariozechner/pi-coding-agent@0.73.1 \
+  @openai/codex@0.171.0
 
 .PHONY: setup run test lint typecheck pytest bench clean harness
 

@@ -58,6 +58,8 @@ def _conversation_out(conv: Conversation, message_count: int | None = None) -> d
         "version": conv.version,
         "forked_from": conv.forked_from_id,
         "forked_from_conversation": forked.conversation_id if forked else None,
+        "spawned_by": conv.spawned_by_id,
+        "spawned_call": conv.spawned_call,
         "model": conv.model,
         "system_prompt": conv.system_prompt,
         "checkpoint_tools": conv.checkpoint_tools,
@@ -95,10 +97,14 @@ def _checkpoint_out(cp: Checkpoint) -> dict[str, Any]:
 
 
 def _detail(conv: Conversation) -> dict[str, Any]:
-    forks = selectors.conversation_forks(conversation=conv)
+    forks, spawned = selectors.conversation_offspring(conversation=conv)
     return {
         **_conversation_out(conv),
         "forks": [{"id": f.id, "title": f.title, "forked_from": f.forked_from_id} for f in forks],
+        "subagents": [
+            {"id": s.id, "title": s.title, "spawned_by": s.spawned_by_id, "call": s.spawned_call}
+            for s in spawned
+        ],
     }
 
 
@@ -108,7 +114,7 @@ def _detail(conv: Conversation) -> dict[str, Any]:
 @router.post("/conversations", response={201: ConversationDetailOut})
 def create_conversation(request: HttpRequest, payload: ConversationIn) -> Status[Any]:
     conv = services.conversation_create(owner=_user(request), **payload.dict())
-    return Status(201, {**_conversation_out(conv, 0), "forks": []})
+    return Status(201, {**_conversation_out(conv, 0), "forks": [], "subagents": []})
 
 
 class ListQuery(Schema):

@@ -50,6 +50,7 @@ class ConversationImportOut(Schema):
     tip: str | None
     tip_rule: str
     sidechain_of: str | None
+    spawned_by: str | None
     skipped: list[IssueOut]
     repaired: list[IssueOut]
     flagged: list[IssueOut]
@@ -60,6 +61,7 @@ class ImportOut(Schema):
     format: str
     conversation_ids: list[str]
     conversations: list[ConversationImportOut]
+    truncated: str
     skipped: list[IssueOut]
     repaired: list[IssueOut]
 
@@ -95,11 +97,12 @@ def _spool(request: HttpRequest, limit: int) -> tuple[str, str]:
 
 @router.post("/imports", response={201: ImportOut})
 def import_transcript(request: HttpRequest, format: str = "auto") -> Status[Any]:
-    """Import a transcript file: ChatGPT conversations.json, a Claude Code or pi session
-    (.jsonl), an Open WebUI chat or export, or Arbor JSON. Send it as the multipart field
-    ``file`` or as the raw request body; a ``format`` form field or ``?format=`` skips
-    detection. Answers 201 with the report and the new conversation ids; 422 when the
-    file cannot be read or nothing in it could be imported (the report says why)."""
+    """Import a transcript file: ChatGPT or claude.ai conversations.json, a Claude Code or pi
+    session or a Codex CLI rollout (.jsonl), an Open WebUI chat or export, or Arbor JSON.
+    Send it as the multipart field ``file`` or as the raw request body; a ``format`` form
+    field or ``?format=`` skips detection. Answers 201 with the report and the new
+    conversation ids; 422 when the file cannot be read or nothing in it could be imported
+    (the report says why)."""
     limits = Limits.from_settings()
     fmt = request.POST.get("format") or format
     path, name = _spool(request, limits.max_file_bytes)
@@ -119,11 +122,24 @@ def import_transcript(request: HttpRequest, format: str = "auto") -> Status[Any]
 
 
 @router.get("/conversations/{cid}/export")
-def export_conversation(request: HttpRequest, cid: str, format: str = "arbor") -> HttpResponse:
+def export_conversation(
+    request: HttpRequest,
+    cid: str,
+    format: str = "arbor",
+    tip: str | None = None,
+    cwd: str | None = None,
+) -> HttpResponse:
     """Download a conversation: ``arbor`` (lossless JSON, re-importable), ``chatgpt``
-    (conversations.json with the whole tree) or ``markdown`` (the current branch)."""
+    (conversations.json with the whole tree), ``markdown`` (the current branch), or a
+    session file to resume in a harness: ``claude-code`` (save it as
+    ``~/.claude/projects/<cwd, each non-alphanumeric as ->/<session-id>.jsonl``, then
+    ``claude --resume <session-id>``) or ``pi`` (``pi --session <file>``). ``tip`` picks
+    the branch (default: the conversation's tip); ``cwd`` is the directory the harness
+    runs in (default ``/``)."""
     conversation = selectors.conversation_get(user=_user(request), conversation_id=cid)
-    export = exporters.conversation_export(conversation=conversation, format=format)
+    export = exporters.conversation_export(
+        conversation=conversation, format=format, tip=tip, cwd=cwd
+    )
     response = HttpResponse(export.content, content_type=export.content_type)
     response["Content-Disposition"] = f'attachment; filename="{export.filename}"'
     return response

@@ -1,5 +1,8 @@
 """Exports of one conversation: Arbor JSON (lossless), ChatGPT-style conversations.json
-(the whole tree) and Markdown (the current branch).
+(the whole tree), Markdown (the current branch), and the session files Claude Code and
+pi resume (``conversations.session_export``). ``tip`` picks the branch (the
+conversation's tip by default): the current node of the JSON formats, the path Markdown
+shows, where the harnesses resume.
 
 Arbor JSON holds no database ids and no time of export: messages get local ids (their
 position in a depth-first walk, siblings by (created_at, id)), the tip and checkpoints
@@ -27,18 +30,19 @@ from __future__ import annotations
 import base64
 import json
 import re
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from conversations import selectors
-from conversations.errors import InvalidInput
+from conversations import selectors, session_export
+from conversations.errors import InvalidInput, NotFound
 from conversations.importers.base import format_time
 from conversations.importers.chatgpt import ARBOR_BLOB_PREFIX
 from conversations.models import Blob, Conversation, Message
 from conversations.parts import image_blobs
 
-EXPORT_FORMATS = ("arbor", "chatgpt", "markdown")
+EXPORT_FORMATS = ("arbor", "chatgpt", "markdown", "claude-code", "pi")
 
 
 @dataclass(frozen=True)
@@ -48,18 +52,52 @@ class Export:
     filename: str
 
 
-def conversation_export(*, conversation: Conversation, format: str = "arbor") -> Export:
+def conversation_export(
+    *,
+    conversation: Conversation,
+    format: str = "arbor",
+    tip: str | uuid.UUID | None = None,
+    cwd: str | None = None,
+) -> Export:
+    """``cwd`` is the working directory written into a Claude Code or pi session (where
+    the tool runs; default ``/``)."""
     if format not in EXPORT_FORMATS:
         raise InvalidInput(
             f"format must be one of {list(EXPORT_FORMATS)}, not {format!r}", code="bad_format"
         )
+    tip_id = _tip(conversation, tip)
+    if format in ("claude-code", "pi"):
+        write = (
+            session_export.claude_code_session
+            if format == "claude-code"
+            else session_export.pi_session
+        )
+        session = write(conversation=conversation, tip=tip_id, cwd=session_export.check_cwd(cwd))
+        return Export(session.content, "application/x-ndjson", f"{session.session_id}.jsonl")
     stem = _slug(conversation.title) or "conversation"
     stem = f"{stem}-{str(conversation.pk)[:8]}"
     if format == "arbor":
-        return Export(arbor_json(conversation), "application/json", f"{stem}.arbor.json")
+        return Export(arbor_json(conversation, tip_id), "application/json", f"{stem}.arbor.json")
     if format == "chatgpt":
-        return Export(chatgpt_json(conversation), "application/json", f"{stem}.chatgpt.json")
-    return Export(markdown(conversation).encode(), "text/markdown; charset=utf-8", f"{stem}.md")
+        return Export(
+            chatgpt_json(conversation, tip_id), "application/json", f"{stem}.chatgpt.json"
+        )
+    return Export(
+        markdown(conversation, tip_id).encode(), "text/markdown; charset=utf-8", f"{stem}.md"
+    )
+
+
+def _tip(conversation: Conversation, tip: str | uuid.UUID | None) -> uuid.UUID | None:
+    """The chosen tip (a message of this conversation), or the conversation's own."""
+    if tip is None or tip == "":
+        return conversation.tip_id
+    try:
+        mid = tip if isinstance(tip, uuid.UUID) else uuid.UUID(str(tip))
+    except ValueError:
+        raise NotFound(f"no such message: {tip!r}") from None
+    if not Message.objects.filter(pk=mid, conversation_id=conversation.pk).exists():
+        raise NotFound(f"no such message in this conversation: {mid}")
+    return mid
 
 
 def _slug(title: str) -> str:
@@ -105,7 +143,8 @@ def _blobs(messages: list[Message]) -> list[Blob]:
 # --- Arbor JSON ----------------------------------------------------------------------
 
 
-def arbor_json(conversation: Conversation) -> bytes:
+def arbor_json(conversation: Conversation, tip_id: uuid.UUID | None = None) -> bytes:
+    tip_id = tip_id or conversation.tip_id
     messages = ordered_messages(conversation)
     local = {m.id: i for i, m in enumerate(messages)}
     head = {
@@ -129,7 +168,7 @@ def arbor_json(conversation: Conversation) -> bytes:
     lines = [
         '{"format":"arbor","version":1,',
         f'"conversation":{_dump(head)},',
-        f'"tip":{_dump(local.get(conversation.tip_id) if conversation.tip_id else None)},',
+        f'"tip":{_dump(local.get(tip_id) if tip_id else None)},',
         f'"checkpoints":{_dump(checkpoints)},',
         '"messages":[',
     ]
@@ -248,10 +287,11 @@ def _chatgpt_message(m: Message, tool_names: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def chatgpt_json(conversation: Conversation) -> bytes:
+def chatgpt_json(conversation: Conversation, tip_id: uuid.UUID | None = None) -> bytes:
     """The whole tree in the shape of ChatGPT's conversations.json (a list holding this
     one conversation). Each message also keeps its exact Arbor parts under
     ``metadata.arbor``, which Arbor's ChatGPT importer reads back."""
+    tip_id = tip_id or conversation.tip_id
     messages = ordered_messages(conversation)
     tool_names = {
         p["id"]: p["name"] for m in messages for p in m.parts if p.get("type") == "tool_call"
@@ -281,7 +321,7 @@ def chatgpt_json(conversation: Conversation) -> bytes:
             "update_time": _epoch(conversation.updated_at),
             "mapping": mapping,
             "moderation_results": [],
-            "current_node": str(conversation.tip_id) if conversation.tip_id else None,
+            "current_node": str(tip_id) if tip_id else None,
             "conversation_id": str(conversation.pk),
             "id": str(conversation.pk),
             "default_model_slug": conversation.model or None,
@@ -324,9 +364,10 @@ def _markdown_part(part: dict[str, Any]) -> str:
     return ""
 
 
-def markdown(conversation: Conversation) -> str:
+def markdown(conversation: Conversation, tip_id: uuid.UUID | None = None) -> str:
     """The current branch (root → tip) as Markdown."""
-    path = selectors.message_path(conversation_id=conversation.pk, tip_id=conversation.tip_id)
+    tip_id = tip_id or conversation.tip_id
+    path = selectors.message_path(conversation_id=conversation.pk, tip_id=tip_id)
     title = conversation.title or "Conversation"
     lines = [f"# {title}", "", f"_{len(path)} messages on the current branch._", ""]
     if conversation.system_prompt:

@@ -49,6 +49,12 @@ class Conversation(models.Model):
     forked_from = models.ForeignKey(
         "Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks"
     )
+    # A sub-agent's conversation (an imported Claude Code Task/Agent run): the message
+    # of the parent conversation holding the call that started it, and that call's id.
+    spawned_by = models.ForeignKey(
+        "Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="spawned"
+    )
+    spawned_call = models.CharField(max_length=200, blank=True, default="")
     model = models.CharField(max_length=200, blank=True)
     system_prompt = models.TextField(blank=True)
     # Offer the model the checkpoint/rewind tools (on for harness conversations created

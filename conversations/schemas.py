@@ -54,6 +54,9 @@ class ConversationOut(Schema):
     version: int
     forked_from: uuid.UUID | None
     forked_from_conversation: uuid.UUID | None
+    # A sub-agent run: the message whose tool call started it, and that call's id.
+    spawned_by: uuid.UUID | None
+    spawned_call: str
     model: str
     system_prompt: str
     checkpoint_tools: bool
@@ -64,8 +67,17 @@ class ConversationOut(Schema):
     updated_at: datetime
 
 
+class SubAgentLink(Schema):
+    id: uuid.UUID
+    title: str
+    spawned_by: uuid.UUID | None
+    call: str
+
+
 class ConversationDetailOut(ConversationOut):
     forks: list[ForkLink]
+    # Sub-agent runs started by tool calls in this conversation (imported Task runs).
+    subagents: list[SubAgentLink]
 
 
 class ConversationPageOut(Schema):

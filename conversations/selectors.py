@@ -327,6 +327,23 @@ def conversation_forks(*, conversation: Conversation) -> QuerySet[Conversation]:
     ).order_by("created_at")
 
 
+def conversation_offspring(
+    *, conversation: Conversation
+) -> tuple[list[Conversation], list[Conversation]]:
+    """In one query: the conversations forked from a message of this one, and the
+    sub-agent conversations started by a call in one of its messages (imported Task
+    runs, ``Conversation.spawned_by``)."""
+    rows = Conversation.objects.filter(
+        Q(forked_from__conversation=conversation) | Q(spawned_by__conversation=conversation),
+        owner_id=conversation.owner_id,
+    ).order_by("created_at", "id")
+    forks: list[Conversation] = []
+    spawned: list[Conversation] = []
+    for row in rows:
+        (spawned if row.spawned_by_id and not row.forked_from_id else forks).append(row)
+    return forks, spawned
+
+
 def message_count(*, conversation: Conversation) -> int:
     return Message.objects.filter(conversation=conversation).count()
 

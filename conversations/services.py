@@ -112,13 +112,15 @@ def conversation_delete(*, conversation: Conversation) -> None:
 
     Messages go in one statement rather than Django's per-level cascade walk, which
     would cost a query per depth level on a long chain. Forks made from it keep their
-    own copies and only lose the ``forked_from`` link.
+    own copies and only lose the ``forked_from`` link; sub-agent runs it started lose
+    their ``spawned_by`` link.
     """
     with transaction.atomic():
         # Locked first: a fork or a turn writing into it finishes before, or finds it gone.
         if not Conversation.objects.select_for_update().filter(pk=conversation.pk).exists():
             return  # deleted meanwhile: nothing left to do
         Conversation.objects.filter(forked_from__conversation=conversation).update(forked_from=None)
+        Conversation.objects.filter(spawned_by__conversation=conversation).update(spawned_by=None)
         Conversation.objects.filter(pk=conversation.pk).update(tip=None)
         Checkpoint.objects.filter(conversation=conversation).delete()
         Message.objects.filter(conversation=conversation)._raw_delete(connection.alias)

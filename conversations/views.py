@@ -171,10 +171,14 @@ def _chat_context(
     for cp in all_checkpoints:
         checkpoints[cp.message_id].append(cp)
     forks: dict[uuid.UUID, list[Conversation]] = defaultdict(list)
-    fork_list = list(selectors.conversation_forks(conversation=conv))
+    spawned: dict[uuid.UUID, list[Conversation]] = defaultdict(list)
+    fork_list, spawned_list = selectors.conversation_offspring(conversation=conv)
     for f in fork_list:
         if f.forked_from_id:
             forks[f.forked_from_id].append(f)
+    for s in spawned_list:
+        if s.spawned_by_id:
+            spawned[s.spawned_by_id].append(s)
     rows = []
     for m in path:
         sib = siblings.get(m.id)
@@ -188,13 +192,15 @@ def _chat_context(
                 "others": [i for i in sib.ids if i != m.id][:3] if sib else [],
                 "checkpoints": checkpoints.get(m.id, []),
                 "forks": forks.get(m.id, []),
+                "spawned": spawned.get(m.id, []),
             }
         )
-    origin = None
-    if conv.forked_from_id:
-        origin = selectors.fork_origins(user=request.user, message_ids=[conv.forked_from_id]).get(
-            conv.forked_from_id
-        )
+    origin = spawner = None
+    if conv.forked_from_id or conv.spawned_by_id:
+        above = [i for i in (conv.forked_from_id, conv.spawned_by_id) if i]
+        found = selectors.fork_origins(user=request.user, message_ids=above)
+        origin = found.get(conv.forked_from_id) if conv.forked_from_id else None
+        spawner = found.get(conv.spawned_by_id) if conv.spawned_by_id else None
     return {
         "conversation": conv,
         "rows": rows,
@@ -205,6 +211,7 @@ def _chat_context(
         "focus": focus,
         "elsewhere": leaf != conv.tip_id,
         "origin": origin,
+        "spawner": spawner,
         "forks": fork_list,
         "notice": notice,
         "message_form": forms.MessageForm(),

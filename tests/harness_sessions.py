@@ -70,6 +70,55 @@ def parallel_responder() -> Any:
     return respond
 
 
+SUBAGENT_PROMPT = "SUBTASK: print the letter sub"
+SUBAGENT_FINAL = "The sub-agent printed: letter sub."
+
+
+def subagent_responder() -> Any:
+    """The main agent starts a sub-agent (Claude Code's Agent tool); the sub-agent runs
+    one Bash call and answers; the main agent then finishes."""
+    from conversations.providers.fake import Step
+
+    def respond(protocol: str, body: Mapping[str, Any]) -> Step | None:
+        names = [t.get("name") for t in body.get("tools") or []]
+        messages = body.get("messages") or []
+        if not names or not messages:
+            return Step.reply("A short answer for a side request.")
+        if SUBAGENT_PROMPT in json.dumps(messages[0]):
+            if sum(_results(m) for m in messages):
+                return Step.reply(SUBAGENT_FINAL)
+            call = {"command": "echo letter sub", "description": "print sub"}
+            return Step.tools({"name": "Bash", "arguments": call})
+        if SUBAGENT_FINAL in json.dumps(messages):
+            return Step.reply(FINAL)
+        tool = "Agent" if "Agent" in names else "Task"
+        task = {
+            "description": "print a letter",
+            "prompt": SUBAGENT_PROMPT,
+            "subagent_type": "general-purpose",
+        }
+        return Step.tools({"name": tool, "arguments": task})
+
+    return respond
+
+
+def claude_subagent_project(home: Path, base_url: str) -> Path:
+    """Run Claude Code once with a sub-agent; the project folder it wrote (the session
+    file and ``<session>/subagents/agent-<id>.jsonl`` with its meta file)."""
+    command = [
+        str(binary("claude")), "-p", "Delegate the letter to a sub-agent.",
+        "--allowedTools", "Bash,Agent,Task", "--model", MODEL,
+    ]  # fmt: skip
+    env = {
+        "ANTHROPIC_BASE_URL": base_url,
+        "ANTHROPIC_API_KEY": "x",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+    _run(command, home, env)
+    (project,) = (home / ".claude" / "projects").iterdir()
+    return project
+
+
 def _results(message: Mapping[str, Any]) -> int:
     """Tool results in one wire message (Anthropic blocks or an OpenAI tool message)."""
     if message.get("role") == "tool":
@@ -141,7 +190,8 @@ def pi_session(home: Path, base_url: str) -> Path:
 
 
 def generate(out: Path) -> dict[str, Path]:
-    """Write ``claude-code-2.1-parallel.jsonl`` and ``pi-parallel.jsonl`` into ``out``."""
+    """Write ``claude-code-2.1-parallel.jsonl``, ``pi-parallel.jsonl`` and the project
+    folder ``claude-code-2.1-subagent/`` into ``out``."""
     from conversations.providers.fake import FakeLLMServer
 
     out.mkdir(parents=True, exist_ok=True)
@@ -156,6 +206,17 @@ def generate(out: Path) -> dict[str, Path]:
         finally:
             fake.stop()
             shutil.rmtree(home, ignore_errors=True)
+    name = "claude-code-2.1-subagent"
+    fake = FakeLLMServer(context_window=200_000, responder=subagent_responder()).start()
+    home = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+    try:
+        project = claude_subagent_project(home, fake.anthropic_base_url)
+        made[name] = out / name
+        shutil.rmtree(made[name], ignore_errors=True)
+        shutil.copytree(project, made[name])
+    finally:
+        fake.stop()
+        shutil.rmtree(home, ignore_errors=True)
     return made
 
 

@@ -16,7 +16,8 @@ from django.contrib.auth import get_user_model
 from django.db import DatabaseError
 
 from conversations.errors import ArborError, InvalidInput
-from conversations.importers import arbor, chatgpt, claude_code, openwebui, pi
+from conversations.importers import arbor, chatgpt, claude_code, claudeai, codex, openwebui, pi
+from conversations.importers.archive import is_archive, open_archive
 from conversations.importers.base import (
     FORMATS,
     ConversationReport,
@@ -28,7 +29,7 @@ from conversations.importers.base import (
 )
 from conversations.importers.reading import detect_format
 from conversations.importers.tree import SkipConversation, build
-from conversations.importers.writer import conversation_write
+from conversations.importers.writer import Calls, conversation_write
 
 __all__ = [
     "FORMATS",
@@ -47,9 +48,12 @@ PARSERS: dict[str, Parser] = {
     "pi": pi.parse,
     "openwebui": openwebui.parse,
     "arbor": arbor.parse,
+    "claudeai": claudeai.parse,
+    "codex": codex.parse,
 }
 
 Progress = Callable[[ConversationReport], Any]
+MediaLookup = Callable[[str, int], tuple[bytes, str] | None]
 
 
 def transcript_import(
@@ -74,6 +78,8 @@ def transcript_import(
         owner = user_model._default_manager.get(pk=owner_id)
     except user_model.DoesNotExist:
         raise InvalidInput(f"no such user: {owner_id}", code="unknown_user") from None
+    if path.is_dir():  # a project folder (the command line): read like an archive
+        return _import_archive(owner, path, filename or path.name, format, progress, limits)
     size = path.stat().st_size
     if size > limits.max_file_bytes:
         raise ImportTooLarge(
@@ -85,9 +91,36 @@ def transcript_import(
         )
     if size == 0:
         raise ImportRejected("the file is empty", code="empty_file")
+    if is_archive(path):
+        return _import_archive(owner, path, filename or path.name, format, progress, limits)
     fmt = detect_format(path, limits=limits) if format == "auto" else format
     report = ImportReport(file=filename or path.name, format=fmt)
-    for source in PARSERS[fmt](path, report=report, limits=limits):
+    _import_file(owner, path, fmt, report, {}, progress, limits)
+    return report
+
+
+def _import_file(
+    owner: Any,
+    path: Path,
+    fmt: str,
+    report: ImportReport,
+    calls: Calls,
+    progress: Progress | None,
+    limits: Limits,
+    *,
+    spawned_by_call: str | None = None,
+    spawned_title: str = "",
+    media: MediaLookup | None = None,
+) -> None:
+    """Parse, build and write the conversations of one transcript file into ``report``;
+    ``calls`` links sub-agents to their calls across the files of one import."""
+    parse = PARSERS[fmt]
+    sources = (
+        parse(path, report=report, limits=limits, media=media)
+        if media
+        else parse(path, report=report, limits=limits)
+    )
+    for source in sources:
         label = f"conversation {source.source_id or source.title or len(report.conversations)}"
         if len(report.conversations) >= limits.max_conversations:
             report.skipped.add(
@@ -97,9 +130,13 @@ def transcript_import(
                 "this one and the rest were not imported",
             )
             break
+        if spawned_by_call and source.report.sidechain_of is not None:
+            source.spawned_by_call = spawned_by_call
+            if spawned_title:
+                source.title = f"Sub-agent: {spawned_title}"
         try:
             built = build(source, limits)
-            conversation_write(owner=owner, built=built)
+            conversation_write(owner=owner, built=built, calls=calls)
         except SkipConversation as exc:
             report.skipped.add("conversation", label, f"not imported: {exc}")
             continue
@@ -110,4 +147,53 @@ def transcript_import(
         report.conversations.append(source.report)
         if progress is not None:
             progress(source.report)
+
+
+def _import_archive(
+    owner: Any,
+    path: Path,
+    filename: str,
+    format: str,
+    progress: Progress | None,
+    limits: Limits,
+) -> ImportReport:
+    """Every transcript of a zip archive (see importers.archive), in one report: the
+    format names what the archive held; a member that cannot be read is skipped with
+    its reason, the others are imported."""
+    found = open_archive(path, limits)
+    report = ImportReport(file=filename, format="zip")
+    formats: list[str] = []
+    calls: Calls = {}
+    try:
+        media = found.media if found.is_chatgpt else None
+        for member in found.transcripts():
+            try:
+                fmt = detect_format(member.path, limits=limits) if format == "auto" else format
+            except ImportRejected as exc:
+                report.skipped.add("file", member.name, f"not imported: {exc.detail}")
+                continue
+            if fmt not in formats:
+                formats.append(fmt)
+            before = len(report.conversations)
+            _import_file(
+                owner,
+                member.path,
+                fmt,
+                report,
+                calls,
+                progress,
+                limits,
+                spawned_by_call=member.spawned_by_call,
+                spawned_title=member.description,
+                media=media if fmt == "chatgpt" else None,
+            )
+            if len(report.conversations) == before:
+                report.skipped.add("file", member.name, "no conversation in it was imported")
+    finally:
+        found.close()
+    if not formats:
+        raise ImportRejected(
+            "the archive holds no transcript this importer reads", code="unknown_format"
+        )
+    report.format = "zip: " + ", ".join(formats)
     return report

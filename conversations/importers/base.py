@@ -25,7 +25,7 @@ from conversations.parts import MAX_ID_CHARS
 
 Part = dict[str, Any]
 
-FORMATS = ("chatgpt", "claude-code", "pi", "openwebui", "arbor")
+FORMATS = ("chatgpt", "claude-code", "pi", "openwebui", "arbor", "claudeai", "codex")
 
 
 class ImportRejected(InvalidInput):
@@ -137,6 +137,7 @@ class ConversationReport:
     tip: Any = None
     tip_rule: str = ""
     sidechain_of: str | None = None  # the source id of the conversation it branched from
+    spawned_by: Any = None  # the message holding the call that started it, once linked
     skipped: Issues = field(default_factory=Issues)
     repaired: Issues = field(default_factory=Issues)
     flagged: Issues = field(default_factory=Issues)
@@ -159,6 +160,7 @@ class ConversationReport:
             "tip": str(self.tip) if self.tip else None,
             "tip_rule": self.tip_rule,
             "sidechain_of": self.sidechain_of,
+            "spawned_by": str(self.spawned_by) if self.spawned_by else None,
             "skipped": self.skipped.as_list(),
             "repaired": self.repaired.as_list(),
             "flagged": self.flagged.as_list(),
@@ -173,6 +175,9 @@ class ImportReport:
     # File-level items: whole conversations not imported, unreadable lines or elements.
     skipped: Issues = field(default_factory=Issues)
     repaired: Issues = field(default_factory=Issues)
+    # Set when the file ends before its last line or element does: in words, what was
+    # lost (the report's first line; the browser shows it at the top).
+    truncated: str = ""
 
     @property
     def conversation_ids(self) -> list[Any]:
@@ -184,6 +189,7 @@ class ImportReport:
             "format": self.format,
             "conversation_ids": [str(i) for i in self.conversation_ids],
             "conversations": [c.as_dict() for c in self.conversations],
+            "truncated": self.truncated,
             "skipped": self.skipped.as_list(),
             "repaired": self.repaired.as_list(),
         }
@@ -244,6 +250,9 @@ class SourceConversation:
     blob_data: dict[str, bytes] = field(default_factory=dict)
     # Arbor JSON: metadata and origin are kept exactly, nothing is added.
     verbatim: bool = False
+    # A sub-agent's run: the id of the tool call (in a conversation of the same import)
+    # that started it; the writer links the two.
+    spawned_by_call: str | None = None
 
 
 NEWEST_LEAF = "newest leaf: the leaf written last in the file"
@@ -467,6 +476,8 @@ class FileIssues(Issues):
         super().add(kind, where, detail)
         target = self.report.repaired if kind in self.REPAIRS else self.report.skipped
         target.add(kind, where, detail)
+        if kind == "truncated" and not self.report.truncated:
+            self.report.truncated = detail
 
 
 ORIGINS = ("turn", "edit", "regenerate", "fork", "import", "digest")

@@ -6,17 +6,29 @@ nodes ``{id, message, parent, children}`` with ``current_node`` as the tip.
 - Custom instructions (``user_editable_context``) become a hidden system message.
 - An assistant message addressed to a tool (``recipient`` other than ``all``) becomes a
   tool call whose id is the node id; the ``tool`` messages below it become its results.
+- Several tool messages answering one call (``mclick([0, 3, 7])`` answered by one
+  ``tether_quote`` per page) become one result holding every page, so each is paired.
+- Browsing keeps its sources: a ``tether_quote``'s URL, title and domain and a search
+  page's ``_cite_metadata`` list go to ``metadata.sources``; an answer's
+  ``metadata.citations`` (and the newer ``content_references``) go to
+  ``metadata.citations`` as {marker, url, title}, so ``【6†source】`` markers link to their
+  page. Content fields not kept are reported.
 - Images are not inside conversations.json (they are separate files of the export zip):
-  each becomes a text placeholder naming the asset, reported as ``image_missing``.
+  imported from the zip (importers.archive) they become blobs; from conversations.json
+  alone each becomes a text placeholder naming the asset, reported as ``image_missing``.
 - A message carrying ``metadata.arbor`` (a file Arbor exported) is read from those exact
   parts, so an Arbor → ChatGPT → Arbor trip keeps tool calls, thinking and images.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import mimetypes
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+from django.conf import settings
 
 from conversations.importers.base import (
     ORIGINS,
@@ -28,6 +40,7 @@ from conversations.importers.base import (
     SourceConversation,
     as_dict,
     as_str,
+    image_data_part,
     image_ref_part,
     json_text,
     parse_time,
@@ -41,11 +54,20 @@ from conversations.importers.reading import parse_documents
 ARBOR_BLOB_PREFIX = "arbor-blob://"
 
 
-def parse(path: Path, *, report: ImportReport, limits: Limits) -> Iterator[SourceConversation]:
-    return parse_documents(path, report=report, limits=limits, read=conversation_from)
+# An export zip's files (importers.archive): image pointer, byte limit → (bytes, name).
+Media = Callable[[str, int], tuple[bytes, str] | None]
 
 
-def conversation_from(doc: Any, index: int, report: ImportReport) -> SourceConversation | None:
+def parse(
+    path: Path, *, report: ImportReport, limits: Limits, media: Media | None = None
+) -> Iterator[SourceConversation]:
+    read = partial(conversation_from, media=media)
+    return parse_documents(path, report=report, limits=limits, read=read)
+
+
+def conversation_from(
+    doc: Any, index: int, report: ImportReport, *, media: Media | None = None
+) -> SourceConversation | None:
     if not isinstance(doc, dict):
         report.skipped.add("corrupt_entry", f"conversation {index}", "not an object: skipped")
         return None
@@ -74,13 +96,15 @@ def conversation_from(doc: Any, index: int, report: ImportReport) -> SourceConve
                 Node(key, parent_key, "system", [], order=order, skip="no message (a root node)")
             )
             continue
-        nodes.append(_node(key, parent_key, message, order, mapping, crep))
+        nodes.append(_node(key, parent_key, message, order, mapping, crep, media))
     tip = doc.get("current_node")
+    aliases = _merge_results(nodes)
     return SourceConversation(
         source_id=crep.source_id,
         title=title,
-        nodes=nodes,
+        nodes=[n for n in nodes if n.key not in aliases],
         report=crep,
+        aliases=aliases,
         tip=str(tip) if isinstance(tip, str) and tip else None,
         tip_rule="current_node",
         created_at=parse_time(doc.get("create_time")),
@@ -94,6 +118,7 @@ def _node(
     order: int,
     mapping: dict[str, Any],
     crep: ConversationReport,
+    media: Media | None,
 ) -> Node:
     author = as_dict(message.get("author"))
     role = as_str(author.get("role"))
@@ -118,7 +143,13 @@ def _node(
     if kind == "reasoning_recap":
         node.skip = "a reasoning recap (shown in the ChatGPT UI only)"
         return node
-    texts, images, thoughts = _content(content, kind, key, crep)
+    texts, images, thoughts = _content(content, kind, key, crep, media)
+    sources = _sources(content, kind, meta)
+    if sources:
+        node.metadata["sources"] = sources
+    citations = _citations("".join(texts), meta)
+    if citations:
+        node.metadata["citations"] = citations
     if kind in ("user_editable_context", "model_editable_context"):
         node.role = "system"
         node.metadata["hidden"] = True
@@ -171,7 +202,11 @@ def _metadata(key: str, message: dict[str, Any], meta: dict[str, Any]) -> dict[s
 
 
 def _content(
-    content: dict[str, Any], kind: str, key: str, crep: ConversationReport
+    content: dict[str, Any],
+    kind: str,
+    key: str,
+    crep: ConversationReport,
+    media: Media | None = None,
 ) -> tuple[list[str], list[Part], list[Part]]:
     texts: list[str] = []
     images: list[Part] = []
@@ -192,14 +227,20 @@ def _content(
             if pointer.startswith(ARBOR_BLOB_PREFIX):
                 images.append(image_ref_part(pointer[len(ARBOR_BLOB_PREFIX) :], f"node {key}"))
                 return
+            found = media(pointer, settings.ARBOR_MAX_BLOB_BYTES) if media and pointer else None
+            if found is not None:
+                data, name = found
+                images.append(image_data_part(data, mimetypes.guess_type(name)[0], f"node {key}"))
+                return
             size = f" {value.get('width')}x{value.get('height')}" if value.get("width") else ""
-            texts.append(
-                f"[image {pointer or 'without a pointer'}{size}: not in conversations.json]"
-            )
+            where = "not in the archive" if media else "not in conversations.json"
+            texts.append(f"[image {pointer or 'without a pointer'}{size}: {where}]")
             crep.repaired.add(
                 "image_missing",
                 f"node {key}",
-                f"image {pointer} is a separate file of the export: a placeholder was kept",
+                f"image {pointer} is a separate file of the export"
+                + (" that the archive does not hold (or is over the size limit)" if media else "")
+                + ": a placeholder was kept",
             )
         elif isinstance(value.get("text"), str):
             if value["text"]:
@@ -243,7 +284,114 @@ def _content(
             crep.repaired.add(
                 "content_dropped", f"node {key}", f"content type {kind!r} is not supported"
             )
+    dropped = _left_out_fields(content, kind)
+    if dropped:
+        crep.repaired.add(
+            "content_dropped", f"node {key}", f"{kind} fields left out: {', '.join(dropped)}"
+        )
     return texts, images, thoughts
+
+
+# Content fields read for each content type; anything else is reported as left out.
+_READ = {"content_type", "parts", "text", "result", "summary", "thoughts", "language"}
+_READ_BY_KIND = {
+    "tether_quote": {"url", "domain", "title", "tether_id"},
+    "tether_browsing_display": {"assets", "tether_id"},
+    "user_editable_context": {"user_profile", "user_instructions"},
+    "model_editable_context": {"model_set_context", "repository", "repo_summary"},
+    "thoughts": {"source_analysis_msg_id"},
+    "system_error": {"name"},
+}
+
+
+def _left_out_fields(content: dict[str, Any], kind: str) -> list[str]:
+    known = _READ | _READ_BY_KIND.get(kind, set())
+    return sorted(k for k, v in content.items() if k not in known and v not in (None, "", [], {}))
+
+
+def _sources(content: dict[str, Any], kind: str, meta: dict[str, Any]) -> list[dict[str, str]]:
+    """The web pages a browsing tool message showed the model: a quoted page, or the
+    numbered results of a search (``_cite_metadata.metadata_list``)."""
+    out: list[dict[str, str]] = []
+    if kind == "tether_quote":
+        out.append(_page(content))
+    listed = as_dict(meta.get("_cite_metadata")).get("metadata_list")
+    for item in listed if isinstance(listed, list) else []:
+        if isinstance(item, dict):
+            out.append(_page(item))
+    return [p for p in out if p.get("url") or p.get("title")]
+
+
+def _page(item: dict[str, Any]) -> dict[str, str]:
+    page = {k: as_str(item.get(k)) for k in ("url", "title", "domain")}
+    return {k: v for k, v in page.items() if v}
+
+
+def _citations(text: str, meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """Citation markers of an answer with the page each points to: ``metadata.citations``
+    (``start_ix``/``end_ix`` into the text, the page in ``metadata``) and the newer
+    ``content_references`` (``matched_text`` and ``items``)."""
+    out: list[dict[str, Any]] = []
+    for item in meta.get("citations") or []:
+        if not isinstance(item, dict):
+            continue
+        start, end = item.get("start_ix"), item.get("end_ix")
+        marker = (
+            text[start:end]
+            if isinstance(start, int) and isinstance(end, int) and 0 <= start < end <= len(text)
+            else ""
+        )
+        page = _page(as_dict(item.get("metadata")))
+        if marker or page:
+            out.append({"marker": marker, **page})
+    for ref in meta.get("content_references") or []:
+        if not isinstance(ref, dict):
+            continue
+        items = [i for i in ref.get("items") or [] if isinstance(i, dict)]
+        pages = [_page(i) for i in items] or [_page(ref)]
+        marker = as_str(ref.get("matched_text"))
+        for page in pages:
+            if page.get("url"):
+                out.append({"marker": marker, **page})
+    return out
+
+
+def _merge_results(nodes: list[Node]) -> dict[str, str]:
+    """Tool messages that continue the result of the same call (one per page of an
+    ``mclick``) are merged into the first one: one result holding every page. Returns
+    the merged keys → the message they joined."""
+    by_key = {n.key: n for n in nodes}
+    children: dict[str | None, int] = {}
+    for n in nodes:
+        children[n.parent] = children.get(n.parent, 0) + 1
+    aliases: dict[str, str] = {}
+    for node in nodes:
+        above = aliases.get(node.parent, node.parent) if node.parent else None
+        target = by_key.get(above) if above is not None else None
+        if (
+            target is None
+            or node.role != "tool"
+            or target.role != "tool"
+            or node.skip is not None
+            or target.skip is not None
+            or children.get(node.parent, 0) != 1
+            or len(node.parts) != 1
+            or len(target.parts) != 1
+            or node.parts[0].get("call_id") != target.parts[0].get("call_id")
+        ):
+            continue
+        result = target.parts[0]
+        result["parts"] = [*result["parts"], *node.parts[0]["parts"]]
+        result["is_error"] = bool(result.get("is_error")) and bool(node.parts[0].get("is_error"))
+        source = target.metadata.setdefault("source", {})
+        source.setdefault("records", [source.get("id")]).append(node.key)
+        if node.metadata.get("sources"):
+            target.metadata["sources"] = [
+                *target.metadata.get("sources", []),
+                *node.metadata["sources"],
+            ]
+        aliases[node.key] = target.key
+    return aliases
 
 
 def _calling_node(parent: str | None, mapping: dict[str, Any]) -> str | None:

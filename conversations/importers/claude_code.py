@@ -17,7 +17,11 @@ per line, linked by ``uuid``/``parentUuid``.
   record after it (``isCompactSummary``) stays a user message flagged ``compact_summary``.
 - Sidechains (``isSidechain``: Task sub-agents) are their own conversations, one per
   sidechain root, titled after the Task call that started them; a sub-agent never saw
-  the main conversation, so a branch of it would misstate what the model saw.
+  the main conversation, so a branch of it would misstate what the model saw. Each is
+  linked to the call that started it (``Conversation.spawned_by``) when that call is in
+  the same import: in the same file (≤ 2.0), or, for 2.1's ``subagents/agent-<id>.jsonl``
+  files, through the ``agentId`` the call's result names (a project folder imported as
+  a zip).
 - There is no current node: the tip is the newest leaf (the leaf written last).
 """
 
@@ -85,6 +89,7 @@ class _Reader:
         self.results_end: dict[str, str] = {}
         self.results_of: dict[str, str] = {}
         self.previous: str | None = None  # the last message record, for file order
+        self.agent_ids: dict[str, str] = {}  # sidechain record → its agentId (2.1 files)
         self.ignored: Counter[str] = Counter()
         self.session_id: str | None = None
         self.order = 0
@@ -120,6 +125,8 @@ class _Reader:
         ):
             self.previous = uid
         side = bool(record.get("isSidechain"))
+        if side and isinstance(record.get("agentId"), str):
+            self.agent_ids.setdefault(uid, record["agentId"])
         created = parse_time(record.get("timestamp"))
         message = as_dict(record.get("message"))
         if kind == "assistant":
@@ -236,6 +243,10 @@ class _Reader:
             key = f"{uid}#results" if others else uid
             tool = Node(key, parent, "tool", [], order=self.order, created_at=created)
             tool.metadata = {"source": _source(uid)}
+            agent = as_dict(record.get("toolUseResult")).get("agentId")
+            if isinstance(agent, str) and agent:
+                # A Task/Agent call's result: the sub-agent's own file is agent-<id>.jsonl.
+                tool.metadata["agent_id"] = agent
             tool.parts = [_tool_result(b, tool) for b in results]
             chain.append(tool)
         if others or not results:
@@ -374,9 +385,15 @@ class _Reader:
                 root.parent = None
             prompt = first_text([root]) if root.role == "user" else ""
             call = tasks.get(prompt.strip())
+            spawned_by = None
+            agent = self.agent_ids.get(root_key)
+            if agent:
+                # Claude Code ≥ 2.1: the main session's result of the call names it.
+                spawned_by = f"agent:{agent}"
             if call is not None:
                 root.metadata["sidechain"] = {"parent_tool_call": call[0]}
                 title = f"Sub-agent: {call[1]}"
+                spawned_by = call[0]
             else:
                 title = f"Sub-agent: {preview_text(first_text(nodes))}"
             source_id = f"{self.session_id}:{root_key}" if self.session_id else root_key
@@ -388,6 +405,7 @@ class _Reader:
                 report=report,
                 aliases=self.aliases,
                 created_at=min((n.created_at for n in nodes if n.created_at), default=None),
+                spawned_by_call=spawned_by,
             )
 
 

@@ -142,9 +142,7 @@ def _nodes(key: str, parent: str | None, message: dict[str, Any], order: int) ->
             p.get("type") == "text" for kind, parts in steps if kind == "assistant" for p in parts
         )
     ):
-        rest = _strip_details(content)
-        if rest:
-            steps.append(("assistant", [text_part(rest)]))
+        steps = _with_content_text(steps, content)
     steps = _merge_steps(steps) or [("assistant", [])]
     nodes: list[Node] = []
     for i, (kind, parts) in enumerate(steps):
@@ -220,28 +218,75 @@ def _from_output(output: list[Any]) -> list[tuple[str, list[Part]]]:
     return steps
 
 
-def _strip_details(content: str) -> str:
-    return _DETAILS.sub("", content).strip()
+def _segments(content: str) -> list[tuple[str, str, dict[str, str]]]:
+    """``content`` in order: ("text", text, {}) for the prose between ``<details>``
+    blocks and ("details", body, attributes) for each block."""
+    out: list[tuple[str, str, dict[str, str]]] = []
+    at = 0
+    for match in _DETAILS.finditer(content):
+        text = content[at : match.start()].strip()
+        if text:
+            out.append(("text", text, {}))
+        out.append(("details", match.group(2), dict(_ATTR.findall(match.group(1)))))
+        at = match.end()
+    text = content[at:].strip()
+    if text:
+        out.append(("text", text, {}))
+    return out
 
 
 def _from_content(content: str) -> list[tuple[str, list[Part]]]:
+    """The rendered ``content`` as steps, in the order it was written: prose, thinking,
+    tool call and result."""
     steps: list[tuple[str, list[Part]]] = []
-    for match in _DETAILS.finditer(content):
-        attrs = dict(_ATTR.findall(match.group(1)))
-        body = html.unescape(_SUMMARY.sub("", match.group(2))).strip()
-        kind = attrs.get("type")
-        if kind == "reasoning":
+    for kind, body, attrs in _segments(content):
+        if kind == "text":
+            steps.append(("assistant", [text_part(body)]))
+            continue
+        body = html.unescape(_SUMMARY.sub("", body)).strip()
+        if attrs.get("type") == "reasoning":
             lines = [ln[2:] if ln.startswith("> ") else ln.lstrip(">") for ln in body.split("\n")]
             steps.append(("assistant", [thinking_part("\n".join(lines).strip())]))
-        elif kind == "tool_calls" and attrs.get("id") and attrs.get("name"):
+        elif attrs.get("type") == "tool_calls" and attrs.get("id") and attrs.get("name"):
             arguments = html.unescape(attrs.get("arguments", ""))
             result = html.unescape(attrs.get("result", "")) or body
             steps.append(("assistant", [tool_call_part(attrs["id"], attrs["name"], arguments)]))
             steps.append(("tool", [tool_result_part(attrs["id"], [text_part(result)])]))
-    rest = _strip_details(content)
-    if rest:
-        steps.append(("assistant", [text_part(rest)]))
     return steps
+
+
+def _with_content_text(
+    steps: list[tuple[str, list[Part]]], content: str
+) -> list[tuple[str, list[Part]]]:
+    """``output[]`` steps (no message item) with the prose of ``content`` put where it
+    was written: a text before the block of a call goes before that call, a text
+    before a reasoning block before that reasoning, the rest at the end."""
+    segments = _segments(content)
+    used = 0  # segments consumed so far
+
+    def texts_before(match: Any) -> list[tuple[str, list[Part]]]:
+        nonlocal used
+        for index in range(used, len(segments)):
+            kind, _, attrs = segments[index]
+            if kind == "details" and match(attrs):
+                out = [
+                    ("assistant", [text_part(t)]) for k, t, _ in segments[used:index] if k == "text"
+                ]
+                used = index + 1
+                return out
+        return []
+
+    out: list[tuple[str, list[Part]]] = []
+    for kind, parts in steps:
+        first = parts[0] if parts else {}
+        if kind == "assistant" and first.get("type") == "tool_call":
+            call_id = str(first.get("id"))
+            out.extend(texts_before(lambda a, c=call_id: a.get("id") == c))
+        elif kind == "assistant" and first.get("type") == "thinking":
+            out.extend(texts_before(lambda a: a.get("type") == "reasoning"))
+        out.append((kind, parts))
+    out.extend(("assistant", [text_part(t)]) for k, t, _ in segments[used:] if k == "text")
+    return out
 
 
 def _files(files: Any, node: Node) -> list[Part]:

@@ -55,11 +55,22 @@ def iter_jsonl(
     with open(path, "rb") as stream:
         lineno = 0
         while True:
+            start = stream.tell()
             raw = stream.readline(limits.max_line_bytes + 1)
             if not raw:
                 return
             lineno += 1
             where = f"line {lineno}"
+            if not raw.endswith(b"\n") and len(raw) <= limits.max_line_bytes and _cut(raw):
+                size = start + len(raw)
+                issues.add(
+                    "truncated",
+                    where,
+                    f"The file was cut at byte {size}, inside line {lineno}: that line "
+                    f"({len(raw)} bytes, the last) could not be read and is lost; the "
+                    f"{lineno - 1} lines before it were read.",
+                )
+                return
             if len(raw) > limits.max_line_bytes and not raw.endswith(b"\n"):
                 while rest := stream.readline(CHUNK):  # skip to the end of the long line
                     if rest.endswith(b"\n"):
@@ -72,6 +83,26 @@ def iter_jsonl(
             if not text:
                 continue
             yield from ((lineno, rec) for rec in _decode_line(text, issues, where))
+
+
+def _cut(raw: bytes) -> bool:
+    """Whether the last line of a file (no newline after it) ends before its JSON does:
+    a value still open, not a line of garbage."""
+    text = _decode_bytes(raw, Issues(), "").strip().lstrip("\ufeff")
+    if not text:
+        return False
+    pos = 0
+    try:
+        while pos < len(text):
+            _, end = _DECODER.raw_decode(text, pos)
+            pos = _ws(text, end)
+    except ValueError as exc:
+        at = getattr(exc, "pos", 0)
+        msg = getattr(exc, "msg", "")
+        return at >= len(text) - 1 or msg.startswith("Unterminated string")
+    except RecursionError:
+        return False
+    return False
 
 
 def _decode_line(text: str, issues: Issues, where: str) -> list[dict[str, Any]]:
@@ -207,6 +238,13 @@ class JsonReader:
         except RecursionError:
             raise ImportRejected("the JSON is nested too deeply to read") from None
         except ValueError as exc:
+            at = getattr(exc, "pos", 0)
+            if at >= len(text.rstrip()) - 1 or getattr(exc, "msg", "").startswith("Unterminated"):
+                raise ImportRejected(
+                    f"the file is truncated: it was cut at byte {size}, before its JSON "
+                    "document ends, so nothing in it is complete",
+                    code="truncated",
+                ) from None
             raise ImportRejected(f"the file is not valid JSON: {exc}") from None
         if text[end:].strip():
             self.issues.add("corrupt_entry", "end of file", "text after the JSON value ignored")
@@ -246,7 +284,7 @@ class JsonReader:
             index = 0
             while True:
                 if not self._skip_ws():
-                    self.issues.add("truncated", "end of file", "the JSON array is not closed")
+                    self._unclosed()
                     break
                 if self.buf[self.pos] == "]":
                     self.pos += 1
@@ -262,7 +300,7 @@ class JsonReader:
                     yield index, outcome
                 index += 1
                 if not self._skip_ws():
-                    self.issues.add("truncated", "end of file", "the JSON array is not closed")
+                    self._unclosed()
                     break
                 char = self.buf[self.pos]
                 if char == ",":
@@ -276,6 +314,23 @@ class JsonReader:
                     break
         self._stream = None
         self._finish()
+
+    def _cut_inside(self, where: str) -> None:
+        index = where.split()[-1]
+        self.issues.add(
+            "truncated",
+            where,
+            f"The file was cut at byte {self.path.stat().st_size}, inside {where}: it is "
+            f"lost; the {index} element{'' if index == '1' else 's'} before it were read.",
+        )
+
+    def _unclosed(self) -> None:
+        self.issues.add(
+            "truncated",
+            "end of file",
+            f"The file was cut at byte {self.path.stat().st_size}: the JSON list is not "
+            "closed (every element before the cut was read; anything after it is lost).",
+        )
 
     def _element(self, index: int) -> Any:
         """Decode the element at the cursor. Returns the value, _BAD (reported, skipped,
@@ -305,6 +360,9 @@ class JsonReader:
                     self._more(max(CHUNK, size))
                     start = self.pos
                     continue
+                if incomplete:
+                    self._cut_inside(where)
+                    return _END
                 self.issues.add("corrupt_entry", where, f"not valid JSON ({msg}): skipped")
                 return self._skip_from(start, where)
             self.pos = end
@@ -327,9 +385,7 @@ class JsonReader:
                 return _BAD
             self.pos = len(self.buf)  # everything so far is consumed
             if not self._more():
-                self.issues.add(
-                    "truncated", where, "the file ends inside this element: nothing after it"
-                )
+                self._cut_inside(where)
                 return _END
             pos = 0
 
@@ -374,6 +430,9 @@ def document_format(value: Any) -> str | None:
         return None
     if value.get("format") == "arbor":
         return "arbor"
+    # Before the others: a claude.ai conversation may also hold keys they look for.
+    if "chat_messages" in value:
+        return "claudeai"
     if "mapping" in value or ("current_node" in value and "title" in value):
         return "chatgpt"
     chat = value.get("chat")
@@ -388,11 +447,23 @@ def document_format(value: Any) -> str | None:
 
 _CLAUDE_TYPES = {"user", "assistant", "summary", "system", "file-history-snapshot"}
 _PI_TYPES = {"session", "message", "compaction", "branch_summary", "model_change", "label"}
+# Codex rollout records: every one wraps its content in a payload (pi and Claude Code never do).
+_CODEX_TYPES = {
+    "session_meta",
+    "response_item",
+    "event_msg",
+    "turn_context",
+    "compacted",
+    "world_state",
+    "token_usage_record",
+}
 
 
 def record_format(records: list[dict[str, Any]]) -> str | None:
     """Which JSON Lines format a few records are in."""
     for record in records:
+        if record.get("type") in _CODEX_TYPES and "payload" in record:
+            return "codex"
         if "uuid" in record or "parentUuid" in record or "sessionId" in record:
             return "claude-code"
         kind = record.get("type")
@@ -407,6 +478,7 @@ def record_format(records: list[dict[str, Any]]) -> str | None:
 
 _SNIFF = (
     (re.compile(r'"format"\s*:\s*"arbor"'), "arbor"),
+    (re.compile(r'"chat_messages"\s*:'), "claudeai"),
     (re.compile(r'"mapping"\s*:'), "chatgpt"),
     (re.compile(r'"history"\s*:|"currentId"\s*:'), "openwebui"),
 )
@@ -423,8 +495,10 @@ def detect_format(path: Path, *, limits: Limits) -> str:
     if first == "[":
         reader = JsonReader(path, issues=Issues(), limits=limits)
         elements = reader.iter_array()
+        decoded = 0
         try:
             for seen, (_, element) in enumerate(elements):
+                decoded += 1
                 fmt = document_format(element)
                 if fmt:
                     return fmt
@@ -432,8 +506,18 @@ def detect_format(path: Path, *, limits: Limits) -> str:
                     break
         finally:
             elements.close()  # type: ignore[attr-defined]
+        kinds = reader.issues.kinds()
+        if "truncated" in kinds and "corrupt_entry" not in kinds and not decoded:
+            guess = next((f for pattern, f in _SNIFF if pattern.search(head)), None)
+            what = f"a {guess} export" if guess else "a JSON list"
+            raise ImportRejected(
+                f"the file is truncated: {what} cut at byte {path.stat().st_size}, inside "
+                "its first element, so nothing in it is complete",
+                code="truncated",
+            )
         raise ImportRejected(
-            "a JSON list, but not of ChatGPT conversations, Open WebUI chats or Arbor exports",
+            "a JSON list, but not of ChatGPT or claude.ai conversations, Open WebUI chats or Arbor "
+            "exports",
             code="unknown_format",
         )
     if first != "{":
@@ -465,7 +549,8 @@ def detect_format(path: Path, *, limits: Limits) -> str:
     if fmt:
         return fmt
     raise ImportRejected(
-        "could not tell the format; pass one of chatgpt, claude-code, pi, openwebui, arbor",
+        "could not tell the format; pass one of chatgpt, claude-code, pi, openwebui, arbor, "
+        "claudeai, codex",
         code="unknown_format",
     )
 

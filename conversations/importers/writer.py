@@ -104,7 +104,17 @@ class _Images:
         return text_part(f"[image not imported: {result}]")
 
 
-def conversation_write(*, owner: User, built: BuiltConversation) -> Conversation:
+Calls = dict[str, tuple[uuid.UUID, str]]
+
+
+def conversation_write(
+    *, owner: User, built: BuiltConversation, calls: Calls | None = None
+) -> Conversation:
+    """``calls`` (a tool call id, or ``agent:<id>`` for the sub-agent a call's result
+    names → the message holding the call and its id) spans one import: a sub-agent's
+    conversation is linked to the call that started it when that call was written
+    before it, and this conversation's calls are added for the ones after."""
+    calls = {} if calls is None else calls
     source = built.source
     report = source.report
     title = " ".join(source.title.split())[:200] if not source.verbatim else source.title[:200]
@@ -112,11 +122,14 @@ def conversation_write(*, owner: User, built: BuiltConversation) -> Conversation
         images = _Images(owner, built)
         for message in built.messages:
             message.node.parts = images.parts(message.node.parts)
+        spawned_by, spawned_call = calls.get(source.spawned_by_call or "", (None, ""))
         conversation = Conversation.objects.create(
             owner=owner,
             title=title,
             model=source.model[:200],
             system_prompt=source.system_prompt,
+            spawned_by_id=spawned_by,
+            spawned_call=spawned_call[:200],
         )
         ids = ordered_ids(len(built.messages))
         id_of = {m.key: ids[i] for i, m in enumerate(built.messages)}
@@ -159,7 +172,16 @@ def conversation_write(*, owner: User, built: BuiltConversation) -> Conversation
                 for cp in built.checkpoints
             ]
         )
+    for message in built.messages:
+        node = message.node
+        for part in node.parts:
+            if part.get("type") == "tool_call" and isinstance(part.get("id"), str):
+                calls.setdefault(part["id"], (id_of[message.key], part["id"]))
+            agent = node.metadata.get("agent_id")
+            if part.get("type") == "tool_result" and agent and part.get("call_id") in calls:
+                calls.setdefault(f"agent:{agent}", calls[part["call_id"]])
     report.id = conversation.pk
     report.tip = tip
     report.title = title
+    report.spawned_by = spawned_by
     return conversation

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from django import template
+from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
 
 from conversations import markdown, selectors
@@ -61,3 +62,37 @@ def match_pieces(text: Any, query: Any) -> list[tuple[str, bool]]:
     if end < len(text):
         pieces.append((text[end:], False))
     return pieces
+
+
+def web_url(value: Any) -> str:
+    """``value`` when it is an http(s) URL, else "" (imported links never run scripts)."""
+    url = str(value or "").strip()
+    return url if re.match(r"https?://[^\s\"'<>]+$", url, re.IGNORECASE) else ""
+
+
+register.filter("web_url", web_url)
+
+
+@register.filter
+def cite_links(html: Any, citations: Any) -> SafeString:
+    """Citation markers an imported answer holds (``【6†source】``) become numbered links
+    to the page each cites (``metadata.citations``, see importers.chatgpt). ``html`` is
+    already sanitised; the marker is matched in its escaped form and only http(s) URLs
+    are linked."""
+    out = str(html)
+    numbers: dict[str, int] = {}
+    for citation in citations if isinstance(citations, list) else []:
+        if not isinstance(citation, dict):
+            continue
+        marker, url = str(citation.get("marker") or ""), web_url(citation.get("url"))
+        if not marker or not url:
+            continue
+        number = numbers.setdefault(url, len(numbers) + 1)
+        link = format_html(
+            '<a class="cite" href="{}" title="{}" rel="noopener noreferrer nofollow">[{}]</a>',
+            url,
+            citation.get("title") or url,
+            number,
+        )
+        out = out.replace(escape(marker), link)
+    return mark_safe(out)

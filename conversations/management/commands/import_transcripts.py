@@ -1,5 +1,8 @@
 """``manage.py import_transcripts FILE… --user NAME [--format …]``: import transcripts.
 
+A FILE may be a zip archive or a folder (a Claude Code project folder with its
+sub-agent runs, a ChatGPT export): see conversations.importers.archive.
+
 Each file is read as a stream and each conversation in it is written in its own
 transaction; progress goes to stderr, a summary per file to stdout (``--json`` prints
 the full reports instead). Importing a file twice creates its conversations twice: an
@@ -27,7 +30,9 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("files", nargs="+", help="transcript files to import")
+        parser.add_argument(
+            "files", nargs="+", help="transcript files, zip archives or folders to import"
+        )
         parser.add_argument("--user", required=True, help="the username that will own them")
         parser.add_argument(
             "--format",
@@ -44,7 +49,7 @@ class Command(BaseCommand):
         except user_model.DoesNotExist:
             raise CommandError(f"no user named {options['user']!r}") from None
         paths = [Path(f) for f in options["files"]]
-        missing = [str(p) for p in paths if not p.is_file()]
+        missing = [str(p) for p in paths if not (p.is_file() or p.is_dir())]
         if missing:
             raise CommandError(f"no such file: {', '.join(missing)}")
         reports: list[dict[str, Any]] = []
