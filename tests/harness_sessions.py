@@ -102,7 +102,7 @@ def subagent_responder() -> Any:
     return respond
 
 
-def claude_subagent_project(home: Path, base_url: str) -> Path:
+def claude_subagent_project(home: Path, base_url: str, api_key: str = "x") -> Path:
     """Run Claude Code once with a sub-agent; the project folder it wrote (the session
     file and ``<session>/subagents/agent-<id>.jsonl`` with its meta file)."""
     command = [
@@ -111,7 +111,7 @@ def claude_subagent_project(home: Path, base_url: str) -> Path:
     ]  # fmt: skip
     env = {
         "ANTHROPIC_BASE_URL": base_url,
-        "ANTHROPIC_API_KEY": "x",
+        "ANTHROPIC_API_KEY": api_key,
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     }
     _run(command, home, env)

@@ -23,6 +23,7 @@ from django.test import TransactionTestCase
 from compaction.models import CompactionRecord, RecordStatus
 from conversations.importers import transcript_import
 from conversations.models import Conversation, Message
+from tests import harness_sessions
 from tests.gateway_live import ANTHROPIC_MODEL, OPENAI_MODEL, LiveGateway, agent_responder
 from tests.test_asgi_streaming import ROOT
 
@@ -243,6 +244,46 @@ class ClaudeCodeTests(HarnessChecks):
         common = [a.pk for a, b in zip(old_path, new_path, strict=False) if a.pk == b.pk]
         self.assertGreater(len(common), 0)
         self.assertLess(len(common), len(old_path))
+
+
+class ClaudeCodeSubAgentTests(TransactionTestCase):
+    """A sub-agent (Claude Code's Agent tool) sends its own system prompt and tools
+    under the parent's session id: it lands as its own conversation, linked to the
+    parent's message holding the call that started it."""
+
+    def test_the_sub_agent_s_conversation_is_linked_to_its_call(self) -> None:
+        claude = harness(self, "claude")
+        gateway = LiveGateway(responder=harness_sessions.subagent_responder()).start()
+        self.addCleanup(gateway.stop)
+        home = Path(tempfile.mkdtemp(prefix="claude-sub-"))
+        project = harness_sessions.claude_subagent_project(
+            home, gateway.anthropic_base, gateway.token
+        )
+        assert claude and project.is_dir()
+        mine = Conversation.objects.filter(owner=gateway.user)
+        (sub,) = [c for c in mine if c.spawned_by_id]
+        parent_message = Message.objects.get(pk=sub.spawned_by_id)
+        (call,) = [p for p in parent_message.parts if p["type"] == "tool_call"]
+        self.assertEqual(call["name"], "Agent")
+        self.assertEqual(sub.spawned_call, call["id"])
+        self.assertEqual(sub.title, "Sub-agent: print a letter")
+        first = Message.objects.get(conversation=sub, parent=None)
+        said = [p["text"] for p in first.parts if p["type"] == "text"]
+        self.assertIn(harness_sessions.SUBAGENT_PROMPT, [t.strip() for t in said])
+        # The parent went on below the call: its result, then the final answer.
+        parent = parent_message.conversation
+        path = path_of(parent)
+        self.assertIn(parent_message, path)
+        self.assertIn(harness_sessions.FINAL, json.dumps(path[-1].parts))
+        # The API's detail of the parent lists the sub-agent.
+        detail = gateway.call(
+            "GET",
+            f"/api/conversations/{parent.pk}",
+            headers={"Authorization": f"Bearer {gateway.token}"},
+        )
+        self.assertEqual(detail[0], 200, detail[1][:500])
+        body = json.loads(detail[1])
+        self.assertEqual([a["id"] for a in body["subagents"]], [str(sub.pk)])
 
 
 class PiTests(HarnessChecks):

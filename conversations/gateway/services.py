@@ -308,16 +308,64 @@ def _title(exchange: Exchange) -> str:
     return "Gateway session"
 
 
+SUBAGENT_TOOLS = ("Task", "Agent")
+
+
+def _spawner(user: Any, exchange: Exchange) -> tuple[Message, str, str] | None:
+    """For a new conversation that is a sub-agent's run: the parent's message holding
+    the Task/Agent call that started it, the call's id and description. The harness
+    says so by its session id (shared with the parent, whose agent fingerprint differs)
+    and by the sub-agent's first prompt, which is the call's ``prompt``. The parent's
+    answer with the call is stored before the harness starts the sub-agent, so it is
+    the parent's tip."""
+    if not exchange.session or not exchange.drafts:
+        return None
+    first = next((d for d in exchange.drafts[0] if d["role"] == "user"), None)
+    texts = {
+        p["text"].strip()
+        for p in (first or {}).get("parts", [])
+        if p.get("type") == "text" and p.get("text", "").strip()
+    }
+    if not texts:
+        return None
+    parents = (
+        Conversation.objects.filter(owner=user, gateway_session=exchange.session)
+        .exclude(gateway_fingerprint=exchange.fingerprint)
+        .select_related("tip")
+        .order_by("-updated_at")[:20]
+    )
+    for parent in parents:
+        tip = parent.tip
+        if tip is None or tip.role != "assistant":
+            continue
+        for part in tip.parts:
+            arguments = part.get("arguments")
+            if (
+                part.get("type") == "tool_call"
+                and part.get("name") in SUBAGENT_TOOLS
+                and isinstance(arguments, dict)
+                and str(arguments.get("prompt", "")).strip() in texts
+            ):
+                return tip, str(part.get("id", "")), str(arguments.get("description") or "")
+    return None
+
+
 def _conversation_new(user: Any, exchange: Exchange) -> Conversation:
     model = str(exchange.body.get("model", ""))
+    spawner = _spawner(user, exchange)
+    title = _title(exchange)
+    if spawner is not None and spawner[2]:
+        title = f"Sub-agent: {spawner[2]}"[:200]
     return Conversation.objects.create(
         owner=user,
-        title=_title(exchange),
+        title=title,
         model=f"{exchange.protocol}/{model}" if model else "",
         system_prompt=exchange.system,
         gateway_session=exchange.session,
         gateway_fingerprint=exchange.fingerprint,
         harness=exchange.harness,
+        spawned_by=spawner[0] if spawner else None,
+        spawned_call=spawner[1][:200] if spawner else "",
     )
 
 
