@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.parser import Parser
+from ninja.types import DictStrAny
 
 from compaction.api import router as compaction_router
 from conversations.api import router as tree_router
 from conversations.api_imports import router as imports_router
 from conversations.auth import api_auth
 from conversations.errors import ArborError
+from conversations.parts import NotJSON, strict_json
+
+
+class StrictParser(Parser):
+    """Request bodies as JSON: NaN and Infinity, which Python's json reads but JSON (and
+    PostgreSQL's jsonb) does not, are refused with a 400 naming them."""
+
+    def parse_body(self, request: HttpRequest) -> DictStrAny:
+        return cast(DictStrAny, strict_json(request.body))
+
 
 api = NinjaAPI(
     title="Arbor API",
@@ -19,6 +33,7 @@ api = NinjaAPI(
     description="Conversation trees: branch, fork, checkpoint, rewind.",
     auth=api_auth,
     urls_namespace="api",
+    parser=StrictParser(),
 )
 api.add_router("/", tree_router)
 api.add_router("/", imports_router)
@@ -61,9 +76,12 @@ def on_unauthenticated(request: HttpRequest, exc: AuthenticationError) -> HttpRe
 @api.exception_handler(HttpError)
 def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
     code = {400: "bad_request", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}
+    detail = str(exc)
+    if isinstance(exc.__cause__, NotJSON):  # ninja's "Cannot parse request body"
+        detail = f"{detail}: {exc.__cause__}"
     return api.create_response(
         request,
-        {"error": code.get(exc.status_code, "error"), "detail": str(exc)},
+        {"error": code.get(exc.status_code, "error"), "detail": detail},
         status=exc.status_code,
     )
 

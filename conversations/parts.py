@@ -338,3 +338,17 @@ def searchable_text(parts: Any) -> str:
                     add(inner.get("text"))
     # PostgreSQL refuses NUL in text; validated parts hold none, but stay safe.
     return " ".join(pieces)[:SEARCH_TEXT_MAX_CHARS].replace("\x00", "")
+
+
+class NotJSON(ValueError):
+    """A JSON text Python would read but JSON does not allow (NaN, Infinity)."""
+
+
+def reject_constant(name: str) -> Any:
+    """json.loads hook: NaN and Infinity are not JSON and PostgreSQL refuses them."""
+    raise NotJSON(f"{name} is not valid JSON (numbers must be finite)")
+
+
+def strict_json(raw: str | bytes) -> Any:
+    """``json.loads`` that refuses NaN and Infinity (NotJSON, a ValueError)."""
+    return json.loads(raw, parse_constant=reject_constant)

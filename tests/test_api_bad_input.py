@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import os
 import secrets
 import struct
@@ -571,6 +572,37 @@ class MalformedBodyTests(BadInputTestCase):
             for payload in (b'{"title": "x"', b"\xff\xfe", b"title=x"):
                 with self.subTest(url=url, payload=payload), self.nothing_written():
                     self.rejected(self.raw(url, payload), 400, "bad_request")
+
+    def test_nan_and_infinity_are_not_json(self) -> None:
+        """Python's json module reads NaN/Infinity; JSON (and PostgreSQL's jsonb) does
+        not: a tool call's arguments holding one are refused, not a database error."""
+        url = f"/api/conversations/{self.conv.pk}/turns"
+        for constant in ("NaN", "Infinity", "-Infinity"):
+            call = {"type": "tool_call", "id": "c1", "name": "calc", "arguments": {"x": 0.5}}
+            result = {"type": "tool_result", "call_id": "c1", "parts": text("1")}
+            body = {
+                "parent": str(self.n["c"].id),
+                "expected_version": self.conv.version,
+                "messages": [
+                    {"role": "assistant", "parts": [call]},
+                    {"role": "tool", "parts": [result]},
+                    {"role": "assistant", "parts": text("done")},
+                ],
+            }
+            payload = json.dumps(body).replace("0.5", constant).encode()
+            with self.subTest(constant=constant), self.nothing_written():
+                body = self.rejected(self.raw(url, payload), 400, "bad_request")
+                assert constant in body["detail"], body
+
+    def test_too_many_form_fields_or_files_are_400(self) -> None:
+        fields = {f"f{i}": "x" for i in range(1200)}
+        with self.nothing_written():
+            response = self.call(lambda: self.api.post("/api/blobs", fields))
+            self.rejected(response, 400, "bad_request")
+        files = {f"f{i}": SimpleUploadedFile(f"{i}.png", b"x") for i in range(120)}
+        with self.nothing_written():
+            response = self.call(lambda: self.api.post("/api/imports", files))
+            self.rejected(response, 400, "bad_request")
 
     def test_it_answers_422_for_json_of_the_wrong_shape(self) -> None:
         url = f"/api/conversations/{self.conv.pk}/turns"

@@ -262,6 +262,7 @@ class ClaudeCodeSubAgentTests(TransactionTestCase):
         assert claude and project.is_dir()
         mine = Conversation.objects.filter(owner=gateway.user)
         (sub,) = [c for c in mine if c.spawned_by_id]
+        assert sub.spawned_by_id is not None
         parent_message = Message.objects.get(pk=sub.spawned_by_id)
         (call,) = [p for p in parent_message.parts if p["type"] == "tool_call"]
         self.assertEqual(call["name"], "Agent")

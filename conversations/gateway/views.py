@@ -29,6 +29,7 @@ from compaction import services as compaction
 from compaction.estimate import Calibration
 from conversations.errors import ArborError
 from conversations.gateway import services, upstream, wire
+from conversations.parts import NotJSON, strict_json
 from conversations.providers import ContextOverflow, ModelSpec, parse_overflow, resolve_model
 from conversations.services import api_token_user
 
@@ -256,7 +257,11 @@ def _prepare(protocol: Protocol, secret: str, headers: dict[str, str], raw: byte
     if user is None:
         raise _Unauthorized
     try:
-        body = json.loads(raw)
+        body = strict_json(raw)
+    except NotJSON as exc:
+        raise ArborError(
+            f"the request body is not valid JSON: {exc}", code="invalid_json"
+        ) from None
     except (ValueError, UnicodeDecodeError):
         raise ArborError("the request body is not valid JSON", code="invalid_json") from None
     if not isinstance(body, dict):

@@ -443,11 +443,6 @@ class Sanitiser:
         return "; ".join(bits)
 
 
-def reject_constant(name: str) -> Any:
-    """json.loads hook: NaN and Infinity are not JSON and PostgreSQL refuses them."""
-    raise ValueError(f"{name} is not valid JSON")
-
-
 def preview_text(text: str, limit: int = 80) -> str:
     flat = " ".join(re.sub(r"<[^>]{1,200}>", " ", text).split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"

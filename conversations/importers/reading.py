@@ -23,8 +23,8 @@ from conversations.importers.base import (
     Issues,
     Limits,
     SourceConversation,
-    reject_constant,
 )
+from conversations.parts import reject_constant
 
 CHUNK = 1 << 20
 _WS = re.compile(r"[ \t\n\r]*")
