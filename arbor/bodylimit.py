@@ -37,10 +37,11 @@ def _env_bytes(name: str, default: int) -> int:
 def limits() -> list[tuple[str, int]]:
     """(path prefix, byte limit), most specific first; "" is everything else."""
     blob = _env_bytes("ARBOR_MAX_BLOB_BYTES", 10 * MIB)
+    imports = _env_bytes("ARBOR_IMPORT_MAX_UPLOAD_BYTES", 512 * MIB) + MIB  # + the envelope
     return [
         ("/api/blobs", blob + MIB),  # the image plus the multipart envelope
-        ("/api/imports", _env_bytes("ARBOR_IMPORT_MAX_UPLOAD_BYTES", 512 * MIB)),
-        ("/import/", _env_bytes("ARBOR_IMPORT_MAX_UPLOAD_BYTES", 512 * MIB)),
+        ("/api/imports", imports),
+        ("/import/", imports),
         ("/gateway/", _env_bytes("ARBOR_GATEWAY_MAX_BODY", 32 * MIB)),
         ("/api/", _env_bytes("ARBOR_MAX_REQUEST_BYTES", 16 * MIB)),
         ("/c/", _env_bytes("ARBOR_MAX_REQUEST_BYTES", 16 * MIB)),

@@ -184,6 +184,10 @@ if ARBOR_INPROCESS_JOBS not in ("thread", "inline"):
 
 # Limits on what a client may send. Bytes, pixels, counts.
 ARBOR_MAX_BLOB_BYTES = env_int("ARBOR_MAX_BLOB_BYTES", 10 * 1024 * 1024)
+# Browser imports: the largest upload (the ASGI body limit is the same) and how many a
+# user may have waiting or running at once.
+ARBOR_IMPORT_MAX_UPLOAD_BYTES = env_int("ARBOR_IMPORT_MAX_UPLOAD_BYTES", 512 * 1024 * 1024)
+ARBOR_IMPORT_MAX_OPEN = env_int("ARBOR_IMPORT_MAX_OPEN", 3)
 ARBOR_MAX_IMAGE_PIXELS = env_int("ARBOR_MAX_IMAGE_PIXELS", 40_000_000)
 ARBOR_MAX_TURN_MESSAGES = env_int("ARBOR_MAX_TURN_MESSAGES", 200)
 ARBOR_MAX_PART_CHARS = env_int("ARBOR_MAX_PART_CHARS", 2_000_000)

@@ -48,6 +48,13 @@ class StaleVersion(Conflict):
         )
 
 
+class TooManyRequests(ArborError):
+    """A per-user limit on work in flight (open imports)."""
+
+    status = 429
+    code = "too_many_requests"
+
+
 class StorageFull(ArborError):
     """The media store has no room: nothing was stored (507 Insufficient Storage)."""
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django import forms
+from django.conf import settings
 
 from conversations.importers import FORMATS
 from conversations.services import ForkScope
@@ -67,6 +70,15 @@ class RewindForm(VersionForm):
 class ImportForm(forms.Form):
     file = forms.FileField()
     format = forms.ChoiceField(choices=[("auto", "Detect")] + [(f, f) for f in FORMATS])
+
+    def clean_file(self) -> Any:
+        upload = self.cleaned_data["file"]
+        limit = settings.ARBOR_IMPORT_MAX_UPLOAD_BYTES
+        if upload.size is not None and upload.size > limit:
+            raise forms.ValidationError(
+                f"The file is {upload.size:,} bytes; imports are limited to {limit:,} bytes."
+            )
+        return upload
 
 
 class TokenForm(forms.Form):

@@ -6,6 +6,7 @@ it saw, and a stale one raises StaleVersion (HTTP 409) with nothing written.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -35,6 +36,7 @@ from conversations.errors import (
     InvalidInput,
     NotFound,
     StaleVersion,
+    TooManyRequests,
     storage_error,
 )
 from conversations.models import (
@@ -822,9 +824,18 @@ def api_token_revoke(*, user: User, token_id: int) -> None:
 def import_job_create(*, owner: User, upload: Any, format: str = "auto") -> Any:
     """Keep the uploaded file and queue its import after the transaction commits."""
     from arbor.jobs import job_dispatch
-    from conversations.models import ImportJob
+    from conversations.models import ImportJob, ImportState
     from conversations.tasks import run_import_job
 
+    open_jobs = ImportJob.objects.filter(
+        owner=owner, state__in=(ImportState.QUEUED, ImportState.RUNNING)
+    ).count()
+    if open_jobs >= settings.ARBOR_IMPORT_MAX_OPEN:
+        raise TooManyRequests(
+            f"you have {open_jobs} imports waiting or running (the limit is "
+            f"{settings.ARBOR_IMPORT_MAX_OPEN}): wait for one to finish",
+            code="too_many_imports",
+        )
     job = ImportJob(owner=owner, filename=str(upload.name)[:255], format=format)
     name = f"imports/{uuid.uuid4()}.upload"
     try:
@@ -873,18 +884,30 @@ def import_job_run(*, job_id: Any) -> None:
             progress=progress,
         )
     except ArborError as exc:
-        ImportJob.objects.filter(pk=job.pk).update(state=ImportState.FAILED, error=exc.detail)
+        _import_upload_drop(job)
+        ImportJob.objects.filter(pk=job.pk).update(
+            state=ImportState.FAILED, error=exc.detail, upload=""
+        )
         return
     except Exception as exc:
+        _import_upload_drop(job)
         ImportJob.objects.filter(pk=job.pk).update(
-            state=ImportState.FAILED, error=f"the import failed: {type(exc).__name__}"
+            state=ImportState.FAILED, error=f"the import failed: {type(exc).__name__}", upload=""
         )
         raise
     # The conversations hold everything now: the kept upload goes.
-    job.upload.delete(save=False)
+    _import_upload_drop(job)
     ImportJob.objects.filter(pk=job.pk).update(
         state=ImportState.DONE, report=report.as_dict(), upload=""
     )
+
+
+def _import_upload_drop(job: Any) -> None:
+    """The kept upload goes once its import has ended, however it ended."""
+    if job.upload:
+        # A read-only store keeps the file; the job's outcome stands either way.
+        with contextlib.suppress(OSError):
+            job.upload.delete(save=False)
 
 
 def import_job_sweep(job: Any) -> Any:
@@ -901,9 +924,13 @@ def import_job_sweep(job: Any) -> Any:
         "again to import the rest (the ones already imported come in a second time)."
     )
     job.state = ImportState.FAILED
-    type(job).objects.filter(pk=job.pk, state=ImportState.RUNNING).update(
-        state=ImportState.FAILED, error=job.error
+    swept = (
+        type(job)
+        .objects.filter(pk=job.pk, state=ImportState.RUNNING)
+        .update(state=ImportState.FAILED, error=job.error, upload="")
     )
+    if swept:
+        _import_upload_drop(job)
     return job
 
 

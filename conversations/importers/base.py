@@ -63,8 +63,10 @@ class Limits:
             max_file_bytes=_limit("ARBOR_IMPORT_MAX_FILE_BYTES", 2 * 1024**3),
             max_conversations=_limit("ARBOR_IMPORT_MAX_CONVERSATIONS", 20_000),
             max_messages=_limit("ARBOR_IMPORT_MAX_MESSAGES", 200_000),
-            max_document_bytes=_limit("ARBOR_IMPORT_MAX_DOCUMENT_BYTES", 512 * 1024**2),
-            max_line_bytes=_limit("ARBOR_IMPORT_MAX_LINE_BYTES", 128 * 1024**2),
+            # JSON read as Python objects takes up to ~26× its size (tiny objects):
+            # one document or line is bounded far below the file limit (files stream).
+            max_document_bytes=_limit("ARBOR_IMPORT_MAX_DOCUMENT_BYTES", 32 * 1024**2),
+            max_line_bytes=_limit("ARBOR_IMPORT_MAX_LINE_BYTES", 32 * 1024**2),
             max_part_chars=_limit("ARBOR_MAX_PART_CHARS", 2_000_000),
             max_metadata_bytes=_limit("ARBOR_IMPORT_MAX_METADATA_BYTES", 64 * 1024),
         )
