@@ -8,8 +8,9 @@ Uploaded images are separate ``image`` parts served from the blob store.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
-from functools import lru_cache
 from typing import Any
 
 import nh3
@@ -78,11 +79,50 @@ def sanitize(html: str) -> str:
     )
 
 
-@lru_cache(maxsize=4096)
+class _ByteBoundedCache:
+    """An LRU of rendered HTML bounded by the characters it holds (keys and values), not
+    by entries: a few huge messages cannot pin hundreds of MB. Texts over
+    ``max_item`` are rendered every time and never kept."""
+
+    def __init__(self, max_chars: int, max_item: int) -> None:
+        self.max_chars = max_chars
+        self.max_item = max_item
+        self.items: OrderedDict[str, str] = OrderedDict()
+        self.size = 0
+        self.lock = threading.Lock()
+
+    def get(self, key: str) -> str | None:
+        with self.lock:
+            value = self.items.get(key)
+            if value is not None:
+                self.items.move_to_end(key)
+            return value
+
+    def put(self, key: str, value: str) -> None:
+        cost = len(key) + len(value)
+        if cost > self.max_item:
+            return
+        with self.lock:
+            if key in self.items:
+                return
+            self.items[key] = value
+            self.size += cost
+            while self.size > self.max_chars and self.items:
+                old_key, old_value = self.items.popitem(last=False)
+                self.size -= len(old_key) + len(old_value)
+
+
+_CACHE = _ByteBoundedCache(max_chars=16_000_000, max_item=400_000)
+
+
 def render(text: str) -> str:
-    """Markdown → sanitised HTML. Cached: messages are immutable, so equal text always
-    renders the same."""
-    return sanitize(_MD.render(text))
+    """Markdown → sanitised HTML. Cached (bounded in size): messages are immutable, so
+    equal text always renders the same."""
+    cached = _CACHE.get(text)
+    if cached is None:
+        cached = sanitize(_MD.render(text))
+        _CACHE.put(text, cached)
+    return cached
 
 
 def pygments_css(selector: str = ".md pre") -> str:

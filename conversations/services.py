@@ -742,6 +742,16 @@ def blob_store(*, owner: User, data: bytes) -> Blob:
                     f"{settings.ARBOR_MAX_IMAGE_PIXELS}",
                     code="image_too_large",
                 )
+            # An animation is decoded frame by frame (by browsers, by vision models):
+            # its frames together are held to the same pixel limit.
+            frames = int(getattr(image, "n_frames", 1) or 1)
+            if frames > 1 and frames * width * height > settings.ARBOR_MAX_IMAGE_PIXELS:
+                raise InvalidInput(
+                    f"the animation has {frames} frames of {width}x{height} "
+                    f"({frames * width * height} pixels in all); the limit is "
+                    f"{settings.ARBOR_MAX_IMAGE_PIXELS}",
+                    code="image_too_large",
+                )
             image.verify()
     except ArborError:
         raise

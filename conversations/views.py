@@ -248,6 +248,34 @@ def conversation_detail(request: HttpRequest, cid: str) -> HttpResponse:
     )
 
 
+@login_required
+@require_GET
+def message_text(request: HttpRequest, cid: str, mid: str) -> HttpResponse:
+    """All of a message's text as plain text: what "Show all" opens for a message too
+    long (or with too many parts) to render in the chat."""
+    conv = conversation_or_404(request, cid)
+    message = message_or_404(conv, mid)
+    response = HttpResponse(
+        "\n\n".join(_part_texts(message.parts)), content_type="text/plain; charset=utf-8"
+    )
+    response["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+def _part_texts(parts: Any) -> Iterator[str]:
+    for part in parts if isinstance(parts, list) else []:
+        if not isinstance(part, dict):
+            continue
+        if part.get("type") in ("text", "thinking"):
+            yield str(part.get("text", ""))
+        elif part.get("type") == "tool_call":
+            yield f"[tool call {part.get('name')}] {json.dumps(part.get('arguments'))}"
+        elif part.get("type") == "tool_result":
+            yield from _part_texts(part.get("parts"))
+        elif part.get("type") == "image":
+            yield f"[image {part.get('blob')}]"
+
+
 def _wants_stream(request: HttpRequest) -> bool:
     return "text/event-stream" in request.headers.get("Accept", "")
 

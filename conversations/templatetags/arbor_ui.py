@@ -15,10 +15,39 @@ from conversations import markdown, selectors
 register = template.Library()
 
 
+# The chat renders at most this many characters of one text part and this many parts
+# of one message; the rest is behind "Show all" (the message as plain text).
+RENDER_MAX_CHARS = 60_000
+RENDER_MAX_PARTS = 200
+
+
 @register.filter
 def render_markdown(text: Any) -> SafeString:
-    """Markdown → HTML that went through nh3 (conversations.markdown)."""
-    return mark_safe(markdown.render(str(text or "")))  # sanitised by nh3
+    """Markdown → HTML that went through nh3 (conversations.markdown); a text over
+    RENDER_MAX_CHARS is rendered up to there (see ``is_long``)."""
+    text = str(text or "")
+    return mark_safe(markdown.render(text[:RENDER_MAX_CHARS]))  # sanitised by nh3
+
+
+@register.filter
+def head(text: Any) -> str:
+    """The part of a long text the chat shows (a tool result's output, as-is)."""
+    return str(text or "")[:RENDER_MAX_CHARS]
+
+
+@register.filter
+def is_long(text: Any) -> bool:
+    return len(str(text or "")) > RENDER_MAX_CHARS
+
+
+@register.filter
+def first_parts(parts: Any) -> Any:
+    return parts[:RENDER_MAX_PARTS] if isinstance(parts, list) else parts
+
+
+@register.filter
+def parts_left_out(parts: Any) -> int:
+    return max(0, len(parts) - RENDER_MAX_PARTS) if isinstance(parts, list) else 0
 
 
 @register.filter
