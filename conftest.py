@@ -1,5 +1,6 @@
-"""Root pytest configuration: test runs need a SECRET_KEY but never a real one, and a
-var/ folder for the SQLite test database (a fresh clone has none)."""
+"""Root pytest configuration: test runs need a SECRET_KEY but never a real one, the
+offline demo as their default model, and a var/ folder for the SQLite test database (a
+fresh clone has none)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from pathlib import Path
 
 os.environ.setdefault("SECRET_KEY", "test-only-secret-key-not-for-production")
 os.environ.setdefault("SECURE_COOKIES", "0")
+# The tests talk to the offline demo model unless they choose another; a deployment
+# with DEBUG off never falls back to it by itself (arbor/settings.py).
+os.environ.setdefault("ARBOR_DEFAULT_MODEL", "fake/demo")
 (Path(__file__).resolve().parent / "var").mkdir(exist_ok=True)
 
 

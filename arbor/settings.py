@@ -194,9 +194,11 @@ ARBOR_MAX_PART_CHARS = env_int("ARBOR_MAX_PART_CHARS", 2_000_000)
 # A turn may carry long tool results; uploads (images) are limited separately above.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("ARBOR_MAX_REQUEST_BYTES", 16 * 1024 * 1024)
 
-# Chat turns. The default model is the offline demo (a loopback fake, not an LLM) so that
-# `make run` works without keys; set e.g. ARBOR_DEFAULT_MODEL=openai/gpt-4o-mini.
-ARBOR_DEFAULT_MODEL = env_str("ARBOR_DEFAULT_MODEL", "fake/demo")
+# Chat turns. With DEBUG on (`make run`) the default model is the offline demo (a
+# loopback fake, not an LLM), so it works without keys; with DEBUG off there is no
+# default unless one is set (e.g. ARBOR_DEFAULT_MODEL=openai/gpt-4o-mini): a production
+# chat never answers from the demo by accident.
+ARBOR_DEFAULT_MODEL = env_str("ARBOR_DEFAULT_MODEL", "fake/demo" if DEBUG else "")
 ARBOR_MAX_TOOL_ROUNDS = env_int("ARBOR_MAX_TOOL_ROUNDS", 8)
 # A "running" attempt whose heartbeat is older than this is treated as interrupted.
 ARBOR_ATTEMPT_STALE_SECONDS = env_int("ARBOR_ATTEMPT_STALE_SECONDS", 300)

@@ -172,6 +172,12 @@ def _resolve(model: str) -> ModelSpec:
     costly model the operator's keys happen to reach)."""
     from conversations.providers.registry import declared_models
 
+    if not model.strip():
+        raise InvalidInput(
+            "no model: choose one for the conversation, or set ARBOR_DEFAULT_MODEL (with "
+            "DEBUG off Arbor never falls back to the offline demo)",
+            code="no_model",
+        )
     try:
         spec = resolve_model(model)
     except ValueError as exc:

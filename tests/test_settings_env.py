@@ -127,3 +127,52 @@ class PrivatePagesTests(TestCase):
         page = self.client.get("/")
         self.assertEqual(page["Cache-Control"], "no-store")
         self.assertIn("camera=()", page["Permissions-Policy"])
+
+
+def _default_model(**env_vars: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "ARBOR_DEFAULT_MODEL"}}
+    env.update(DJANGO_SETTINGS_MODULE="arbor.settings", SECRET_KEY="x", **env_vars)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import django; django.setup(); from django.conf import settings; "
+            "print(repr(settings.ARBOR_DEFAULT_MODEL))",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return str(proc.stdout.strip().splitlines()[-1])
+
+
+def test_with_debug_off_the_demo_is_never_the_default_model() -> None:
+    assert _default_model() == "''"
+    assert _default_model(DEBUG="1") == "'fake/demo'"
+    assert _default_model(ARBOR_DEFAULT_MODEL="openai/gpt-4o-mini") == "'openai/gpt-4o-mini'"
+
+
+@pytest.mark.django_db
+def test_a_chat_turn_without_any_model_is_a_clear_422() -> None:
+    from django.test import Client, override_settings
+
+    from conversations import services
+    from conversations.models import Message
+    from tests.builders import make_user
+
+    user = make_user()
+    _, secret = services.api_token_create(user=user, name="t")
+    conversation = services.conversation_create(owner=user, title="no model")
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    with override_settings(ARBOR_DEFAULT_MODEL=""):
+        response = client.post(
+            f"/api/conversations/{conversation.pk}/messages",
+            {"parts": [{"type": "text", "text": "hello"}]},
+            content_type="application/json",
+        )
+    assert response.status_code == 422, response.content
+    assert response.json()["error"] == "no_model"
+    assert "ARBOR_DEFAULT_MODEL" in response.json()["detail"]
+    assert not Message.objects.filter(conversation=conversation).exists()
