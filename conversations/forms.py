@@ -11,10 +11,34 @@ from conversations.importers import FORMATS
 from conversations.services import ForkScope
 
 
+def model_choices(current: str = "") -> list[tuple[str, str]]:
+    """The models a conversation may use, for a select: the default (empty), the
+    configured default and the models the operator declared (ARBOR_MODELS), and the
+    conversation's own model if it is none of those (it stays choosable)."""
+    from conversations.providers import registry
+
+    default = settings.ARBOR_DEFAULT_MODEL
+    try:
+        declared = sorted(registry.declared_models())
+    except ValueError:  # a bad models file: the settings page says why
+        declared = []
+    ids = [m for m in dict.fromkeys([default, *declared, current]) if m]
+    return [("", f"Default ({default or 'none configured'})"), *((m, m) for m in ids)]
+
+
 class ConversationForm(forms.Form):
+    """A conversation's settings, at creation and after: the model is one of the
+    configured ones (a typo such as ``gpt4o`` is refused here, not at every send)."""
+
     title = forms.CharField(max_length=200, required=False)
-    model = forms.CharField(max_length=200, required=False, help_text="Leave empty for default")
-    system_prompt = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), required=False)
+    model = forms.ChoiceField(required=False, choices=())
+    system_prompt = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 2}), required=False, max_length=100_000
+    )
+
+    def __init__(self, *args: Any, current_model: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["model"].choices = model_choices(current_model)  # type: ignore[attr-defined]
 
 
 class MessageForm(forms.Form):

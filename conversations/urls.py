@@ -9,6 +9,7 @@ urlpatterns = [
     path("", views.conversation_list, name="list"),
     path("new/", views.conversation_new, name="new"),
     path("c/<str:cid>/", views.conversation_detail, name="detail"),
+    path("c/<str:cid>/settings/", views.conversation_settings, name="conversation_settings"),
     path("c/<str:cid>/delete/", views.conversation_delete, name="delete"),
     path("c/<str:cid>/send/", views.message_send, name="send"),
     path("c/<str:cid>/retry/", views.turn_retry, name="retry"),

@@ -32,6 +32,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from conversations import compare as comparing
 from conversations import forms, selectors, services, turns
 from conversations.errors import ArborError, NotFound, StaleVersion
+from conversations.exporters import EXPORT_FORMATS
 from conversations.models import (
     ApiToken,
     AttemptStatus,
@@ -129,6 +130,19 @@ def conversation_new(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
+@require_POST
+def conversation_settings(request: HttpRequest, cid: str) -> HttpResponse:
+    """Rename, choose the model (from the configured ones), edit the system prompt."""
+    conv = conversation_or_404(request, cid)
+    form = forms.ConversationForm(request.POST, current_model=conv.model)
+    if not form.is_valid():
+        return _form_error(form)
+    services.conversation_update(conversation=conv, **form.cleaned_data)
+    flash.success(request, "Settings saved.")
+    return redirect(_detail_url(conv))
+
+
+@login_required
 @require_http_methods(["GET", "POST"])
 def conversation_delete(request: HttpRequest, cid: str) -> HttpResponse:
     conv = conversation_or_404(request, cid)
@@ -215,6 +229,11 @@ def _chat_context(
         "forks": fork_list,
         "notice": notice,
         "message_form": forms.MessageForm(),
+        "settings_form": forms.ConversationForm(
+            initial={"title": conv.title, "model": conv.model, "system_prompt": conv.system_prompt},
+            current_model=conv.model,
+        ),
+        "export_formats": EXPORT_FORMATS,
         "fork_form": forms.ForkForm(),
         "failed": _failed_turn(conv),
     }

@@ -141,7 +141,7 @@ class ChatTests(BrowserTestCase):
         page = self.page
         page.locator("details.new-conversation").evaluate("d => { d.open = true; }")
         page.fill("input[name=title]", "Browser chat")
-        page.fill("input[name=model]", "openai/test")
+        page.select_option("details.new-conversation select[name=model]", "openai/test")
         page.click("button:has-text('Create')")
         page.wait_for_url(re.compile(r"/c/[0-9a-f-]+/$"))
         conv = Conversation.objects.get(title="Browser chat")
