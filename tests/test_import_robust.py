@@ -412,6 +412,13 @@ SMALL_SAMPLES += [
         "pi/pi-mono__compact.jsonl",
     )
 ]
+# The repository's own real and generated files: today's Claude Code, pi and Codex
+# sessions, a claude.ai export and ChatGPT browsing (every importer is fuzzed).
+SMALL_SAMPLES += [
+    p.read_bytes()
+    for p in sorted((Path(__file__).parent / "data").rglob("*"))
+    if p.suffix in (".json", ".jsonl") and p.stat().st_size < 40_000
+]
 
 FUZZ = settings(
     max_examples=40,
