@@ -21,3 +21,5 @@ def pytest_configure(config: object) -> None:
     from django.conf import settings
 
     settings.ARBOR_INPROCESS_JOBS = "inline"
+    # Django's settings may be read before this module sets the variable above.
+    settings.ARBOR_DEFAULT_MODEL = os.environ["ARBOR_DEFAULT_MODEL"]

@@ -33,8 +33,12 @@ class ConversationForm(forms.Form):
     title = forms.CharField(max_length=200, required=False)
     model = forms.ChoiceField(required=False, choices=())
     system_prompt = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 2}), required=False, max_length=100_000
+        widget=forms.Textarea(attrs={"rows": 2}), required=False, strip=False
     )
+
+    def clean_system_prompt(self) -> str:
+        # Browsers send textarea lines as CRLF: keep the text the model saw.
+        return str(self.cleaned_data["system_prompt"]).replace("\r\n", "\n")
 
     def __init__(self, *args: Any, current_model: str = "", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -12,6 +12,7 @@ Part shapes (DESIGN.md §2)::
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -349,6 +350,15 @@ def reject_constant(name: str) -> Any:
     raise NotJSON(f"{name} is not valid JSON (numbers must be finite)")
 
 
+def finite_float(text: str) -> float:
+    """json.loads hook: a number too large for a float (``1e999``) is Infinity too."""
+    value = float(text)
+    if math.isinf(value):
+        raise NotJSON(f"{text[:40]} is too large a number (numbers must be finite)")
+    return value
+
+
 def strict_json(raw: str | bytes) -> Any:
-    """``json.loads`` that refuses NaN and Infinity (NotJSON, a ValueError)."""
-    return json.loads(raw, parse_constant=reject_constant)
+    """``json.loads`` that refuses NaN and Infinity, spelt out or overflowing (NotJSON,
+    a ValueError)."""
+    return json.loads(raw, parse_constant=reject_constant, parse_float=finite_float)

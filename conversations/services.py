@@ -837,8 +837,12 @@ def import_job_create(*, owner: User, upload: Any, format: str = "auto") -> Any:
     from conversations.models import ImportJob, ImportState
     from conversations.tasks import run_import_job
 
+    # Jobs touched in the last hour: one queued by a process that died before running it
+    # does not hold a place for ever.
     open_jobs = ImportJob.objects.filter(
-        owner=owner, state__in=(ImportState.QUEUED, ImportState.RUNNING)
+        owner=owner,
+        state__in=(ImportState.QUEUED, ImportState.RUNNING),
+        updated_at__gte=timezone.now() - timedelta(hours=1),
     ).count()
     if open_jobs >= settings.ARBOR_IMPORT_MAX_OPEN:
         raise TooManyRequests(

@@ -134,10 +134,14 @@ def conversation_new(request: HttpRequest) -> HttpResponse:
 def conversation_settings(request: HttpRequest, cid: str) -> HttpResponse:
     """Rename, choose the model (from the configured ones), edit the system prompt."""
     conv = conversation_or_404(request, cid)
-    form = forms.ConversationForm(request.POST, current_model=conv.model)
+    initial = {"title": conv.title, "model": conv.model, "system_prompt": conv.system_prompt}
+    form = forms.ConversationForm(request.POST, initial=initial, current_model=conv.model)
     if not form.is_valid():
         return _form_error(form)
-    services.conversation_update(conversation=conv, **form.cleaned_data)
+    # Only what was changed: a rename never rewrites the system prompt.
+    changes = {name: form.cleaned_data[name] for name in form.changed_data}
+    if changes:
+        services.conversation_update(conversation=conv, **changes)
     flash.success(request, "Settings saved.")
     return redirect(_detail_url(conv))
 

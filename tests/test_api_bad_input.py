@@ -577,7 +577,7 @@ class MalformedBodyTests(BadInputTestCase):
         """Python's json module reads NaN/Infinity; JSON (and PostgreSQL's jsonb) does
         not: a tool call's arguments holding one are refused, not a database error."""
         url = f"/api/conversations/{self.conv.pk}/turns"
-        for constant in ("NaN", "Infinity", "-Infinity"):
+        for constant in ("NaN", "Infinity", "-Infinity", "1e999"):
             call = {"type": "tool_call", "id": "c1", "name": "calc", "arguments": {"x": 0.5}}
             result = {"type": "tool_result", "call_id": "c1", "parts": text("1")}
             body = {

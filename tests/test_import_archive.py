@@ -103,6 +103,27 @@ class ClaudeCodeProjectTests(TestCase):
         self.user = user
         self.check_link(next(c for c in convs if not c.spawned_by_id), sub)
 
+    def test_a_zip_made_by_its_full_path_under_a_dot_folder_imports(self) -> None:
+        self.check_link(*self.import_project_zip(zip_folder(PROJECT, "home/me/.claude/p/")))
+
+    def test_one_unreadable_member_does_not_stop_the_others(self) -> None:
+        path = zip_folder(PROJECT)
+        with zipfile.ZipFile(path, "a") as archive:
+            archive.writestr("other/cut.json", b'[{"mapping": {"a": {"id": "a", "mess')
+        main, sub = self.import_project_zip(path, skipped="other/cut.json")
+        self.check_link(main, sub)
+
+    def import_project_zip(
+        self, path: Path, skipped: str | None = None
+    ) -> tuple[Conversation, Conversation]:
+        self.user = make_user(f"z{Conversation.objects.count()}")
+        report = transcript_import(owner_id=self.user.pk, path=path)
+        self.assertEqual(len(report.conversations), 2, report.as_dict())
+        if skipped:
+            self.assertIn(skipped, [i["where"] for i in report.skipped.as_list()])
+        main, sub = (Conversation.objects.get(pk=c.id) for c in report.conversations)
+        return main, sub
+
     def test_deleting_the_main_conversation_keeps_the_sub_agent(self) -> None:
         main, sub = self.import_project(PROJECT)
         services.conversation_delete(conversation=main)

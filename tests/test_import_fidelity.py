@@ -268,3 +268,45 @@ class TruncatedFileTests(TestCase):
         alert = html.index("This file was cut short.")
         self.assertLess(alert, html.index("Imported 1 conversation"))
         self.assertIn(f"inside line {line}", html)
+
+
+@override_settings(MEDIA_ROOT=MEDIA.name)
+class OddValueTests(TestCase):
+    def test_odd_citation_and_tool_values_do_not_stop_the_import(self) -> None:
+        docs = json.loads(BROWSING.read_text())
+        meta = docs[0]["mapping"]["a-final"]["message"]["metadata"]
+        meta["citations"], meta["content_references"] = 5, True
+        docs[1]["mapping"]["n-final"]["message"]["metadata"]["content_references"] = [
+            {"matched_text": "x", "items": 7}
+        ]
+        report = transcript_import(
+            owner_id=make_user().pk, path=write("odd.json", json.dumps(docs))
+        )
+        self.assertEqual(len(report.conversations), 2)
+
+    def test_a_line_ending_in_garbage_is_corrupt_not_cut(self) -> None:
+        data = (SAMPLES / "pi" / "pi-mono__compact.jsonl").read_bytes()
+        lines = data.split(b"\n")[:10]
+        report = transcript_import(
+            owner_id=make_user().pk,
+            path=write("g.jsonl", b"\n".join(lines) + b'\n{"type": "message"} x'),
+        )
+        self.assertEqual(report.truncated, "")
+        self.assertIn("corrupt_entry", report.skipped.kinds())
+
+
+class CiteLinkTests(TestCase):
+    def test_only_marker_shaped_text_outside_tags_and_links_is_linked(self) -> None:
+        from conversations.templatetags.arbor_ui import cite_links
+
+        html = '<p>See <a href="https://x.org">https 【6†source】</a> then 【6†source】 ok</p>'
+        cites = [
+            {"marker": " ", "url": "https://a.org"},
+            {"marker": "https", "url": "https://b.org"},
+            {"marker": "【6†source】", "url": "https://c.org", "title": "C"},
+        ]
+        out = str(cite_links(html, cites))
+        self.assertIn('<a href="https://x.org">https 【6†source】</a>', out)
+        self.assertIn('then <a class="cite" href="https://c.org" title="C"', out)
+        self.assertNotIn("a.org", out)
+        self.assertNotIn("b.org", out)

@@ -60,6 +60,14 @@ class ConversationSettingsTests(TestCase):
         )
         self.assertIn("<h1>New title</h1>", self.page())
 
+    def test_a_rename_leaves_the_system_prompt_exactly_as_it_was(self) -> None:
+        prompt = "  You are X.\n\nBe brief.\n\n"
+        Conversation.objects.filter(pk=self.conv.pk).update(system_prompt=prompt)
+        response = self.save(title="Renamed", system_prompt=prompt.replace("\n", "\r\n"))
+        self.assertEqual(response.status_code, 302)
+        self.conv.refresh_from_db()
+        self.assertEqual((self.conv.title, self.conv.system_prompt), ("Renamed", prompt))
+
     def test_a_model_that_is_not_configured_is_refused(self) -> None:
         response = self.save(title="x", model="gpt4o")
         self.assertEqual(response.status_code, 400)

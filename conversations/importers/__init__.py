@@ -78,6 +78,10 @@ def transcript_import(
         owner = user_model._default_manager.get(pk=owner_id)
     except user_model.DoesNotExist:
         raise InvalidInput(f"no such user: {owner_id}", code="unknown_user") from None
+    if format != "auto" and format not in FORMATS:
+        raise InvalidInput(
+            f"format must be auto or one of {list(FORMATS)}, not {format!r}", code="bad_format"
+        )
     if path.is_dir():  # a project folder (the command line): read like an archive
         return _import_archive(owner, path, filename or path.name, format, progress, limits)
     size = path.stat().st_size
@@ -167,6 +171,9 @@ def _import_archive(
     try:
         media = found.media if found.is_chatgpt else None
         for member in found.transcripts():
+            if member.path is None:
+                report.skipped.add("file", member.name, f"not imported: {member.error}")
+                continue
             try:
                 fmt = detect_format(member.path, limits=limits) if format == "auto" else format
             except ImportRejected as exc:
@@ -175,18 +182,24 @@ def _import_archive(
             if fmt not in formats:
                 formats.append(fmt)
             before = len(report.conversations)
-            _import_file(
-                owner,
-                member.path,
-                fmt,
-                report,
-                calls,
-                progress,
-                limits,
-                spawned_by_call=member.spawned_by_call,
-                spawned_title=member.description,
-                media=media if fmt == "chatgpt" else None,
-            )
+            try:
+                _import_file(
+                    owner,
+                    member.path,
+                    fmt,
+                    report,
+                    calls,
+                    progress,
+                    limits,
+                    spawned_by_call=member.spawned_by_call,
+                    spawned_title=member.description,
+                    media=media if fmt == "chatgpt" else None,
+                )
+            except (ImportRejected, ImportTooLarge) as exc:
+                # One unreadable member (cut, too large) does not stop the others; what
+                # it wrote before the error is kept and counted.
+                report.skipped.add("file", member.name, f"not imported: {exc.detail}")
+                continue
             if len(report.conversations) == before:
                 report.skipped.add("file", member.name, "no conversation in it was imported")
     finally:

@@ -62,11 +62,12 @@ class Transcript:
     """One member of the archive to import, extracted to ``path``."""
 
     name: str
-    path: Path
+    path: Path | None  # None when the member cannot be read (``error`` says why)
     # Claude Code ≥ 2.1 sub-agent runs: the call that started it (from the meta file, or
     # ``agent:<id>`` for the call whose result names it) and the call's description.
     spawned_by_call: str | None = None
     description: str = ""
+    error: str = ""
 
 
 class Archive:
@@ -75,7 +76,6 @@ class Archive:
 
     def __init__(self, path: Path, limits: Limits) -> None:
         self.limits = limits
-        self.workdir = Path(tempfile.mkdtemp(prefix="arbor-archive-"))
         try:
             self.zip = zipfile.ZipFile(path)
         except (zipfile.BadZipFile, OSError) as exc:
@@ -83,11 +83,16 @@ class Archive:
                 f"the file starts like a zip archive but cannot be read: {exc}",
                 code="bad_archive",
             ) from None
-        infos = [i for i in self.zip.infolist() if not i.is_dir() and not _hidden(i.filename)]
-        if any(i.flag_bits & 0x1 for i in infos):
-            raise ImportRejected("the archive is encrypted", code="bad_archive")
-        self.sizes = {i.filename: i.file_size for i in infos}
-        self._check()
+        try:
+            infos = [i for i in self.zip.infolist() if not i.is_dir() and not _hidden(i.filename)]
+            if any(i.flag_bits & 0x1 for i in infos):
+                raise ImportRejected("the archive is encrypted", code="bad_archive")
+            self.sizes = {i.filename: i.file_size for i in infos}
+            self._check()
+        except BaseException:
+            self.zip.close()
+            raise
+        self.workdir = Path(tempfile.mkdtemp(prefix="arbor-archive-"))
 
     def _check(self) -> None:
         if len(self.sizes) > MAX_MEMBERS:
@@ -155,7 +160,11 @@ class Archive:
             ]
         chosen.sort(key=lambda n: ("/subagents/" in f"/{n}", n))
         for index, name in enumerate(chosen):
-            path = self.local_path(name, index)
+            try:
+                path = self.local_path(name, index)
+            except (ImportRejected, ImportTooLarge) as exc:
+                yield Transcript(name, None, error=exc.detail)
+                continue
             yield Transcript(name, path, *self._spawned_by(name))
             self.done_with(path)
 
@@ -222,5 +231,7 @@ class Folder(Archive):
 
 
 def _hidden(name: str) -> bool:
-    parts = PurePosixPath(name).parts
-    return any(p.startswith(".") or p == "__MACOSX" for p in parts)
+    """Dot-files and macOS resource forks; dot-folders are not hidden (a zip of
+    ``~/.claude/projects/…`` by its full path holds ``home/me/.claude/…``)."""
+    path = PurePosixPath(name)
+    return path.name.startswith(".") or "__MACOSX" in path.parts

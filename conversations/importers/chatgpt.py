@@ -39,6 +39,7 @@ from conversations.importers.base import (
     Part,
     SourceConversation,
     as_dict,
+    as_list,
     as_str,
     image_data_part,
     image_ref_part,
@@ -332,7 +333,7 @@ def _citations(text: str, meta: dict[str, Any]) -> list[dict[str, Any]]:
     (``start_ix``/``end_ix`` into the text, the page in ``metadata``) and the newer
     ``content_references`` (``matched_text`` and ``items``)."""
     out: list[dict[str, Any]] = []
-    for item in meta.get("citations") or []:
+    for item in as_list(meta.get("citations")):
         if not isinstance(item, dict):
             continue
         start, end = item.get("start_ix"), item.get("end_ix")
@@ -344,16 +345,29 @@ def _citations(text: str, meta: dict[str, Any]) -> list[dict[str, Any]]:
         page = _page(as_dict(item.get("metadata")))
         if marker or page:
             out.append({"marker": marker, **page})
-    for ref in meta.get("content_references") or []:
+    for ref in as_list(meta.get("content_references")):
         if not isinstance(ref, dict):
             continue
-        items = [i for i in ref.get("items") or [] if isinstance(i, dict)]
+        items = [i for i in as_list(ref.get("items")) if isinstance(i, dict)]
         pages = [_page(i) for i in items] or [_page(ref)]
         marker = as_str(ref.get("matched_text"))
         for page in pages:
             if page.get("url"):
                 out.append({"marker": marker, **page})
     return out
+
+
+def _single_result(parts: list[Part]) -> bool:
+    """Whether a message is exactly one tool result with a call id (one that can take
+    the pages of another result for the same call)."""
+    if len(parts) != 1 or not isinstance(parts[0], dict):
+        return False
+    part = parts[0]
+    return (
+        part.get("type") == "tool_result"
+        and bool(part.get("call_id"))
+        and isinstance(part.get("parts"), list)
+    )
 
 
 def _merge_results(nodes: list[Node]) -> dict[str, str]:
@@ -375,8 +389,8 @@ def _merge_results(nodes: list[Node]) -> dict[str, str]:
             or node.skip is not None
             or target.skip is not None
             or children.get(node.parent, 0) != 1
-            or len(node.parts) != 1
-            or len(target.parts) != 1
+            or not _single_result(node.parts)
+            or not _single_result(target.parts)
             or node.parts[0].get("call_id") != target.parts[0].get("call_id")
         ):
             continue

@@ -24,11 +24,11 @@ from conversations.importers.base import (
     Limits,
     SourceConversation,
 )
-from conversations.parts import reject_constant
+from conversations.parts import finite_float, reject_constant
 
 CHUNK = 1 << 20
 _WS = re.compile(r"[ \t\n\r]*")
-_DECODER = json.JSONDecoder(parse_constant=reject_constant)
+_DECODER = json.JSONDecoder(parse_constant=reject_constant, parse_float=finite_float)
 
 
 def _decode_bytes(raw: bytes, issues: Issues, where: str) -> str:
@@ -97,9 +97,10 @@ def _cut(raw: bytes) -> bool:
             _, end = _DECODER.raw_decode(text, pos)
             pos = _ws(text, end)
     except ValueError as exc:
+        # Cut: the JSON was still open where the text ends (a garbage tail fails before).
         at = getattr(exc, "pos", 0)
         msg = getattr(exc, "msg", "")
-        return at >= len(text) - 1 or msg.startswith("Unterminated string")
+        return at >= len(text) or msg.startswith("Unterminated string")
     except RecursionError:
         return False
     return False
@@ -360,7 +361,8 @@ class JsonReader:
                     self._more(max(CHUNK, size))
                     start = self.pos
                     continue
-                if incomplete:
+                if pos >= len(self.buf.rstrip()) or msg.startswith("Unterminated string"):
+                    # The file ends while the element is still open: cut, not corrupt.
                     self._cut_inside(where)
                     return _END
                 self.issues.add("corrupt_entry", where, f"not valid JSON ({msg}): skipped")

@@ -418,7 +418,18 @@ def _count(built: BuiltConversation) -> None:
         # Every line of history below the message: the calls its run of results left
         # unanswered (a line without results answers none).
         below = children.get(message.key, [])
-        lines = [(answered[e], e in on_path) for e in _run_ends(message.key, by_key, children)]
+
+        def continues_on_path(end: str) -> bool:
+            # The path runs through this line's last tool message and on from it.
+            if end not in on_path:
+                return False
+            return end == built.tip or any(
+                c in on_path and by_key[c].node.role != "tool" for c in children.get(end, [])
+            )
+
+        lines = [
+            (answered[e], continues_on_path(e)) for e in _run_ends(message.key, by_key, children)
+        ]
         direct = [c for c in below if by_key[c].node.role != "tool"]
         if direct or not below:
             lines.append((set(), message.key == built.tip or any(c in on_path for c in direct)))

@@ -102,26 +102,46 @@ def web_url(value: Any) -> str:
 register.filter("web_url", web_url)
 
 
+# What a citation marker looks like: ChatGPT's 【6†source】 or the private-use
+# \ue200…\ue201 form. Anything else is not treated as a marker.
+_MARKER = re.compile(r"^(【[^【】<>]{1,80}】|\ue200[^\ue200\ue201<>]{1,80}\ue201)$")
+_TAG = re.compile(r"(<[^>]*>)")
+
+
 @register.filter
 def cite_links(html: Any, citations: Any) -> SafeString:
     """Citation markers an imported answer holds (``【6†source】``) become numbered links
     to the page each cites (``metadata.citations``, see importers.chatgpt). ``html`` is
-    already sanitised; the marker is matched in its escaped form and only http(s) URLs
-    are linked."""
-    out = str(html)
+    already sanitised: markers are replaced in its text only (never inside a tag or an
+    existing link), only strings shaped like markers count, and only http(s) URLs are
+    linked."""
+    links: dict[str, str] = {}
     numbers: dict[str, int] = {}
     for citation in citations if isinstance(citations, list) else []:
         if not isinstance(citation, dict):
             continue
         marker, url = str(citation.get("marker") or ""), web_url(citation.get("url"))
-        if not marker or not url:
+        if not url or not _MARKER.match(marker) or escape(marker) in links:
             continue
         number = numbers.setdefault(url, len(numbers) + 1)
-        link = format_html(
+        links[escape(marker)] = format_html(
             '<a class="cite" href="{}" title="{}" rel="noopener noreferrer nofollow">[{}]</a>',
             url,
             citation.get("title") or url,
             number,
         )
-        out = out.replace(escape(marker), link)
-    return mark_safe(out)
+    if not links:
+        return mark_safe(str(html))
+    out: list[str] = []
+    in_link = 0
+    for piece in _TAG.split(str(html)):
+        if piece.startswith("<"):
+            if re.match(r"<a[\s>]", piece):
+                in_link += 1
+            elif piece.startswith("</a"):
+                in_link = max(0, in_link - 1)
+        elif not in_link:
+            for marker, link in links.items():
+                piece = piece.replace(marker, link)
+        out.append(piece)
+    return mark_safe("".join(out))
