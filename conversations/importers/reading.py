@@ -24,11 +24,11 @@ from conversations.importers.base import (
     Limits,
     SourceConversation,
 )
-from conversations.parts import finite_float, reject_constant
+from conversations.parts import reject_constant
 
 CHUNK = 1 << 20
 _WS = re.compile(r"[ \t\n\r]*")
-_DECODER = json.JSONDecoder(parse_constant=reject_constant, parse_float=finite_float)
+_DECODER = json.JSONDecoder(parse_constant=reject_constant)
 
 
 def _decode_bytes(raw: bytes, issues: Issues, where: str) -> str:
