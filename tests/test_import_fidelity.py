@@ -179,6 +179,10 @@ class OpenWebUIOrderTests(TestCase):
             ],
         )
 
+    def test_a_details_block_of_another_kind_stays_in_the_text(self) -> None:
+        content = "Intro\n<details><summary>More</summary>prose</details>\nEnd"
+        self.assertEqual(self.moves({"content": content}), [("assistant", content)])
+
     def test_output_items_without_a_message_keep_the_content_order(self) -> None:
         output = [
             {"type": "function_call", "call_id": "call_1", "name": "calc", "arguments": "{}"},

@@ -224,10 +224,13 @@ def _segments(content: str) -> list[tuple[str, str, dict[str, str]]]:
     out: list[tuple[str, str, dict[str, str]]] = []
     at = 0
     for match in _DETAILS.finditer(content):
+        attrs = dict(_ATTR.findall(match.group(1)))
+        if attrs.get("type") not in ("reasoning", "tool_calls"):
+            continue  # a <details> the model wrote, or one of another kind: kept as text
         text = content[at : match.start()].strip()
         if text:
             out.append(("text", text, {}))
-        out.append(("details", match.group(2), dict(_ATTR.findall(match.group(1)))))
+        out.append(("details", match.group(2), attrs))
         at = match.end()
     text = content[at:].strip()
     if text:
