@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from typing import cast
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import Any, cast
 
+from django.conf import settings
+from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import RequestDataTooBig
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
@@ -17,6 +22,41 @@ from conversations.api_imports import router as imports_router
 from conversations.auth import api_auth
 from conversations.errors import ArborError
 from conversations.parts import NotJSON, strict_json
+from conversations.services import api_token_user
+
+
+def docs_access(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """The OpenAPI schema and docs, as settings.ARBOR_API_DOCS allows: "public",
+    "signed-in" (a session or a bearer token; else 401, or the login page for a
+    browser asking for the docs) or "off" (404)."""
+
+    @functools.wraps(view)
+    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        mode = settings.ARBOR_API_DOCS
+        if mode == "off":
+            return JsonResponse(
+                {"error": "not_found", "detail": "the API docs are turned off here"}, status=404
+            )
+        if mode == "signed-in" and not request.user.is_authenticated:
+            user = None
+            header = request.headers.get("authorization", "")
+            if header.lower().startswith("bearer "):
+                with contextlib.suppress(ArborError):  # an expired token is not signed in
+                    user = api_token_user(secret=header[7:].strip())
+            if user is None:
+                if request.path.endswith("/docs"):
+                    return redirect_to_login(request.get_full_path())
+                return JsonResponse(
+                    {
+                        "error": "unauthorized",
+                        "detail": "the API schema is for signed-in users: sign in, "
+                        "or send Authorization: Bearer <token>",
+                    },
+                    status=401,
+                )
+        return view(request, *args, **kwargs)
+
+    return guarded
 
 
 class StrictParser(Parser):
@@ -34,6 +74,7 @@ api = NinjaAPI(
     auth=api_auth,
     urls_namespace="api",
     parser=StrictParser(),
+    docs_decorator=docs_access,
 )
 api.add_router("/", tree_router)
 api.add_router("/", imports_router)
@@ -75,7 +116,13 @@ def on_unauthenticated(request: HttpRequest, exc: AuthenticationError) -> HttpRe
 
 @api.exception_handler(HttpError)
 def on_http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
-    code = {400: "bad_request", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}
+    code = {
+        400: "bad_request",
+        401: "unauthorized",
+        403: "forbidden",
+        404: "not_found",
+        405: "method_not_allowed",
+    }
     detail = str(exc)
     if isinstance(exc.__cause__, NotJSON):  # ninja's "Cannot parse request body"
         detail = f"{detail}: {exc.__cause__}"

@@ -182,12 +182,23 @@ ARBOR_INPROCESS_JOBS = env_str("ARBOR_INPROCESS_JOBS", "thread")
 if ARBOR_INPROCESS_JOBS not in ("thread", "inline"):
     raise ImproperlyConfiguredEnv("ARBOR_INPROCESS_JOBS must be thread or inline")
 
+# Who may read the API's OpenAPI schema and docs (/api/openapi.json, /api/docs): "public",
+# "signed-in" (a browser session or a bearer token; the default with DEBUG off: the
+# schema names every route, which an anonymous scanner has no need of, while every
+# real API user has an account to make a token with) or "off".
+ARBOR_API_DOCS = env_str("ARBOR_API_DOCS", "public" if DEBUG else "signed-in")
+if ARBOR_API_DOCS not in ("public", "signed-in", "off"):
+    raise ImproperlyConfiguredEnv("ARBOR_API_DOCS must be public, signed-in or off")
+
 # Limits on what a client may send. Bytes, pixels, counts.
 ARBOR_MAX_BLOB_BYTES = env_int("ARBOR_MAX_BLOB_BYTES", 10 * 1024 * 1024)
 # Browser imports: the largest upload (the ASGI body limit is the same) and how many a
 # user may have waiting or running at once.
 ARBOR_IMPORT_MAX_UPLOAD_BYTES = env_int("ARBOR_IMPORT_MAX_UPLOAD_BYTES", 512 * 1024 * 1024)
 ARBOR_IMPORT_MAX_OPEN = env_int("ARBOR_IMPORT_MAX_OPEN", 3)
+# Compaction jobs ("Compact now", the context API's POST) a user may have waiting or
+# running at once; each can render and OCR many pages or call a model.
+ARBOR_COMPACTION_MAX_OPEN = env_int("ARBOR_COMPACTION_MAX_OPEN", 3)
 ARBOR_MAX_IMAGE_PIXELS = env_int("ARBOR_MAX_IMAGE_PIXELS", 40_000_000)
 ARBOR_MAX_TURN_MESSAGES = env_int("ARBOR_MAX_TURN_MESSAGES", 200)
 ARBOR_MAX_PART_CHARS = env_int("ARBOR_MAX_PART_CHARS", 2_000_000)

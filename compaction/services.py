@@ -16,6 +16,7 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
+from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
 from django.db.models import F, Q
@@ -44,7 +45,7 @@ from compaction.models import (
     Trigger,
 )
 from conversations import services as tree_services
-from conversations.errors import ArborError
+from conversations.errors import ArborError, TooManyRequests
 from conversations.models import Blob, Conversation, Message
 from conversations.providers import ContextOverflow, ModelSpec, Request, ToolSpec, make_provider
 from conversations.resume import ResumeReport
@@ -839,6 +840,15 @@ def job_enqueue(
         stranded = str(open_job.pk)
         transaction.on_commit(lambda: job_dispatch(run_compaction_job, stranded), robust=True)
         return open_job
+    busy = jobs_open_for_owner(conversation.owner_id)
+    if busy >= settings.ARBOR_COMPACTION_MAX_OPEN:
+        if trigger != Trigger.MANUAL:
+            return None  # proactive: the next turn asks again; the turn is never refused
+        raise TooManyRequests(
+            f"you have {busy} compaction jobs waiting or running (the limit is "
+            f"{settings.ARBOR_COMPACTION_MAX_OPEN}): wait for one to finish",
+            code="too_many_jobs",
+        )
     job = CompactionJob.objects.create(
         conversation=conversation, anchor_id=anchor_id, model=model_id, trigger=trigger
     )
@@ -846,6 +856,16 @@ def job_enqueue(
     # queued it (it may run inside that request without a broker) must not fail with it.
     transaction.on_commit(lambda: job_dispatch(run_compaction_job, str(job.pk)), robust=True)
     return job
+
+
+def jobs_open_for_owner(owner_id: Any) -> int:
+    """The user's compaction jobs waiting or running, touched in the last hour (a job a
+    dead process left behind stops counting then; the sweeper ends it anyway)."""
+    return CompactionJob.objects.filter(
+        conversation__owner_id=owner_id,
+        state__in=[JobState.QUEUED, JobState.RUNNING],
+        updated_at__gte=timezone.now() - timedelta(hours=1),
+    ).count()
 
 
 # A queued job nobody took after this long is sent again (see job_enqueue).
@@ -862,8 +882,6 @@ def job_run_now(*, job: CompactionJob) -> CompactionRecord | None:
     """Run a stranded job here and now (the user asked, and waits). The claim is the same
     guarded UPDATE as a worker's, so a worker that takes it meanwhile wins and this does
     nothing."""
-    from django.conf import settings
-
     claimed = job_claim(job_id=job.pk, lease_seconds=settings.CELERY_TASK_TIME_LIMIT)
     if claimed is None:
         return None

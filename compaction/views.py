@@ -13,18 +13,20 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse, HttpResponseBase
 from django.shortcuts import redirect, render
+from django.utils.html import format_html
 from django.views.decorators.http import require_GET, require_POST
 
 from compaction import selectors, services
 from compaction.forms import AuditFilterForm
 from compaction.models import CompactionJob, CompactionRecord, JobState, Trigger
 from conversations import selectors as tree_selectors
-from conversations.errors import NotFound
+from conversations.errors import NotFound, TooManyRequests
 from conversations.models import Blob, Conversation
 from conversations.web import (
     blob_response,
@@ -152,12 +154,20 @@ def compact(request: HttpRequest, cid: str) -> HttpResponseBase:
     if conversation.tip_id is None:
         return HttpResponse("nothing to compact yet", status=400, content_type="text/plain")
     model_id = tree_selectors.model_id_for(conversation)
-    services.job_enqueue(
-        conversation=conversation,
-        anchor_id=conversation.tip_id,
-        model_id=model_id,
-        trigger=Trigger.MANUAL,
-    )
+    try:
+        services.job_enqueue(
+            conversation=conversation,
+            anchor_id=conversation.tip_id,
+            model_id=model_id,
+            trigger=Trigger.MANUAL,
+        )
+    except TooManyRequests as exc:
+        if not is_fragment(request):
+            flash.error(request, exc.detail)
+            return redirect("compaction:context", cid=conversation.pk)
+        return HttpResponse(
+            format_html('<p class="error" role="alert">{}</p>', exc.detail), status=429
+        )
     # The job just queued, or the one already open for this tip and model.
     job = (
         CompactionJob.objects.filter(

@@ -14,12 +14,16 @@ from ninja.errors import HttpError
 from ninja.security import APIKeyCookie, HttpBearer
 from ninja.utils import check_csrf
 
+from conversations.errors import TokenExpired
 from conversations.services import api_token_user
 
 
 class BearerToken(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str) -> Any:
-        user = api_token_user(secret=token)
+        try:
+            user = api_token_user(secret=token)
+        except TokenExpired as exc:
+            raise HttpError(401, exc.detail) from None
         if user is not None:
             request.user = user
         return user

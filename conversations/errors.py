@@ -25,6 +25,13 @@ class NotFound(ArborError):
     code = "not_found"
 
 
+class TokenExpired(ArborError):
+    """A bearer token that exists but is past its ``expires_at``."""
+
+    status = 401
+    code = "token_expired"
+
+
 class InvalidInput(ArborError):
     status = 422
     code = "invalid"

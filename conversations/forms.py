@@ -111,3 +111,12 @@ class ImportForm(forms.Form):
 
 class TokenForm(forms.Form):
     name = forms.CharField(max_length=100)
+    # Days until the token is refused; "" never expires (an operator's script may want it).
+    expires = forms.TypedChoiceField(
+        choices=[("7", "in 7 days"), ("30", "in 30 days"), ("90", "in 90 days"),
+                 ("365", "in a year"), ("", "never")],
+        coerce=int,
+        empty_value=None,
+        required=False,
+        initial="90",
+    )  # fmt: skip

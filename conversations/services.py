@@ -36,6 +36,7 @@ from conversations.errors import (
     InvalidInput,
     NotFound,
     StaleVersion,
+    TokenExpired,
     TooManyRequests,
     storage_error,
 )
@@ -793,19 +794,28 @@ def blob_store(*, owner: User, data: bytes) -> Blob:
     return blob
 
 
-def api_token_create(*, user: User, name: str) -> tuple[ApiToken, str]:
-    """Create a token; the secret is returned once and only its hash is stored."""
+def api_token_create(
+    *, user: User, name: str, expires_in: timedelta | None = None
+) -> tuple[ApiToken, str]:
+    """Create a token; the secret is returned once and only its hash is stored. With
+    ``expires_in`` the token is refused from that long after now on."""
+    if expires_in is not None and expires_in <= timedelta(0):
+        raise InvalidInput("expires_in must be a positive duration (or none: never expires)")
     secret = "arb_" + secrets.token_urlsafe(32)
     token = ApiToken.objects.create(
         user=user,
         name=name.strip()[:100] or "token",
         token_hash=hashlib.sha256(secret.encode()).hexdigest(),
         prefix=secret[:10],
+        expires_at=timezone.now() + expires_in if expires_in is not None else None,
     )
     return token, secret
 
 
 def api_token_user(*, secret: str) -> User | None:
+    """The active user a bearer secret stands for, or None for an unknown secret (or an
+    inactive user). A known token past its expiry raises TokenExpired, so the client
+    learns that a new token is needed rather than that the secret is wrong."""
     token = (
         ApiToken.objects.select_related("user")
         .filter(token_hash=hashlib.sha256(secret.encode()).hexdigest(), user__is_active=True)
@@ -814,6 +824,11 @@ def api_token_user(*, secret: str) -> User | None:
     if token is None:
         return None
     now = timezone.now()
+    if token.expires_at is not None and token.expires_at <= now:
+        raise TokenExpired(
+            f"the API token {token.prefix}… expired at {token.expires_at:%Y-%m-%d %H:%M} UTC;"
+            " create a new one in Settings"
+        )
     # Record use at minute precision: a write on every request would double the cost of
     # each authenticated read.
     if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):

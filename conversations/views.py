@@ -12,6 +12,7 @@ import json
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -26,6 +27,7 @@ from django.http import (
 )
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -888,9 +890,11 @@ def settings_page(request: HttpRequest) -> HttpResponse:
     status = 200
     if request.method == "POST":
         if form.is_valid():
+            days = form.cleaned_data["expires"]
             _, secret = services.api_token_create(
                 user=signed_in_user(request),
                 name=form.cleaned_data["name"],
+                expires_in=timedelta(days=days) if days else None,
             )
             form = forms.TokenForm()
         else:
@@ -906,6 +910,7 @@ def settings_page(request: HttpRequest) -> HttpResponse:
             "models_error": models_error,
             "default_model": settings.ARBOR_DEFAULT_MODEL,
             "calibrations": _calibrations(),
+            "now": timezone.now(),
         },
         status=status,
     )

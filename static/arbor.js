@@ -197,10 +197,12 @@
   });
 
   // A filter form shows its validation errors: htmx leaves 4xx answers unswapped, so
-  // swap a 400 from inside [data-swap-errors] like a 200 (it carries the form's errors).
+  // swap a 400 (the form's errors) or a 429 (a limit, said in words) from inside
+  // [data-swap-errors] like a 200.
   document.addEventListener("htmx:beforeSwap", function (event) {
     var elt = event.detail.requestConfig && event.detail.requestConfig.elt;
-    if (event.detail.xhr.status === 400 && elt && elt.closest && elt.closest("[data-swap-errors]")) {
+    var status = event.detail.xhr.status;
+    if ((status === 400 || status === 429) && elt && elt.closest && elt.closest("[data-swap-errors]")) {
       event.detail.shouldSwap = true;
       event.detail.isError = false;
     }

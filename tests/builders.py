@@ -187,3 +187,21 @@ def snapshot_page_blobs(conv: Conversation) -> set[str]:
         for p in m["parts"]
         if "snapshot_page" in p
     }
+
+
+def calls_and_answers(path: list[Message]) -> list[tuple[list[str], list[str]]]:
+    """For each message of a path that makes tool calls: its call ids, and the ids the
+    run of tool messages right below it answers (both sorted). On a transcript a model
+    may be sent, the two are equal for every message."""
+    out: list[tuple[list[str], list[str]]] = []
+    for index, message in enumerate(path):
+        made = [p["id"] for p in message.parts if p["type"] == "tool_call"]
+        if not made:
+            continue
+        run: list[str] = []
+        for below in path[index + 1 :]:
+            if below.role != "tool":
+                break
+            run.extend(p["call_id"] for p in below.parts if p["type"] == "tool_result")
+        out.append((sorted(made), sorted(run)))
+    return out

@@ -27,7 +27,9 @@ def png(seed: int) -> bytes:
     return buf.getvalue()
 
 
-class ExportTestCase(TestCase):
+class ExportSetup(TestCase):
+    """A user, and media and temporary folders of the class's own."""
+
     @classmethod
     def setUpClass(cls) -> None:
         media = tempfile.TemporaryDirectory()
@@ -41,6 +43,8 @@ class ExportTestCase(TestCase):
     def setUpTestData(cls) -> None:
         cls.user = make_user()
 
+
+class ExportTestCase(ExportSetup):
     def export(self, conv: Conversation, format: str = "arbor") -> bytes:
         return conversation_export(conversation=conv, format=format).content
 

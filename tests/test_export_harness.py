@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from django.test import Client, TestCase, override_settings
+from django.test import Client
 from PIL import Image
 
 from conversations import selectors, services
@@ -39,7 +39,8 @@ from conversations.models import Conversation, Message
 from conversations.providers.fake import FakeLLMServer, Step, anthropic_pairing_error
 from conversations.session_export import claude_project_dir
 from tests import harness_sessions
-from tests.builders import make_user, text
+from tests.builders import text
+from tests.test_export import ExportSetup
 from tests.test_import_samples import SAMPLES
 
 DATA = Path(__file__).parent / "data" / "sessions"
@@ -161,19 +162,8 @@ def agent_tree(owner: Any) -> tuple[Conversation, dict[str, Message]]:
     return conv, nodes
 
 
-class SessionExportCase(TestCase):
-    @classmethod
-    def setUpClass(cls) -> None:
-        media = tempfile.TemporaryDirectory()
-        cls.addClassCleanup(media.cleanup)
-        cls.enterClassContext(override_settings(MEDIA_ROOT=media.name))
-        cls.tmp = tempfile.TemporaryDirectory()
-        cls.addClassCleanup(cls.tmp.cleanup)
-        super().setUpClass()
-
-    @classmethod
-    def setUpTestData(cls) -> None:
-        cls.user = make_user()
+class SessionExportCase(ExportSetup):
+    """Exports to harness session files."""
 
     def imported(self, path: Path) -> list[Conversation]:
         report = transcript_import(owner_id=self.user.pk, path=path)

@@ -34,7 +34,7 @@ from conversations.providers.convert import to_anthropic, to_openai
 from conversations.providers.fake import anthropic_pairing_error, openai_pairing_error
 from conversations.services import transcript_for_model
 from tests import codex_server
-from tests.builders import make_user
+from tests.builders import calls_and_answers, make_user
 from tests.test_import_samples import SAMPLES
 
 DATA = Path(__file__).parent / "data" / "codex"
@@ -103,16 +103,10 @@ class CodexChecks(TestCase):
         self.assertEqual(len(path), len(messages))
         made = [p["id"] for m in path for p in m.parts if p["type"] == "tool_call"]
         self.assertEqual(made, calls)
-        for index, message in enumerate(path):
-            ids = {p["id"] for p in message.parts if p["type"] == "tool_call"}
-            if not ids:
-                continue
-            run: list[str] = []
-            for below in path[index + 1 :]:
-                if below.role != "tool":
-                    break
-                run.extend(p["call_id"] for p in below.parts if p["type"] == "tool_result")
-            self.assertEqual(sorted(run), sorted(ids))
+        answers = calls_and_answers(path)
+        self.assertTrue(answers)
+        for ids, run in answers:
+            self.assertEqual(run, ids)
         (summary,) = report.conversations
         self.assertEqual((summary.roots, summary.leaves), (1, 1))
         self.assertEqual(summary.tool_calls, len(calls))

@@ -27,7 +27,7 @@ from conversations.providers.convert import to_anthropic
 from conversations.providers.fake import FakeLLMServer, anthropic_pairing_error
 from conversations.services import transcript_for_model
 from tests import harness_sessions
-from tests.builders import make_user
+from tests.builders import calls_and_answers, make_user
 
 DATA = Path(__file__).parent / "data" / "sessions"
 CLAUDE_FILE = DATA / "claude-code-2.1-parallel.jsonl"
@@ -64,16 +64,10 @@ class ImportChecks(TestCase):
         self.assertEqual(len(calls), CALLS)
         self.assertEqual(sorted(results), sorted(calls))
         # Each answer's results follow it, before the next answer.
-        for index, message in enumerate(path):
-            made = {p["id"] for p in message.parts if p["type"] == "tool_call"}
-            if not made:
-                continue
-            run: list[str] = []
-            for below in path[index + 1 :]:
-                if below.role != "tool":
-                    break
-                run.extend(p["call_id"] for p in below.parts if p["type"] == "tool_result")
-            self.assertEqual(set(run), made)
+        answers = calls_and_answers(path)
+        self.assertEqual(len(answers), len(harness_sessions.ROUNDS))
+        for made, run in answers:
+            self.assertEqual(run, made)
         (summary,) = report.conversations
         self.assertEqual((summary.roots, summary.leaves), (1, 1))
         self.assertEqual((summary.tool_pairs, summary.tool_pairs_elsewhere), (CALLS, 0))

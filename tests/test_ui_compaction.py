@@ -444,6 +444,47 @@ class JobTests(Base):
         page = job.record.pages.get()
         assert page.ocr_cer == 0.02
 
+    @override_settings(ARBOR_COMPACTION_MAX_OPEN=3)
+    def test_a_user_has_at_most_so_many_jobs_open(self) -> None:
+        # Alice has one job running (setUpTestData); two more wait in the queue.
+        for title in ("one", "two"):
+            conv = long_conversation(self.alice, title)
+            assert conv.tip_id is not None
+            CompactionJob.objects.create(
+                conversation=conv, anchor_id=conv.tip_id, model=VISION, trigger=Trigger.MANUAL
+            )
+        fourth = long_conversation(self.alice, "four")
+        assert fourth.tip_id is not None
+        with self.captureOnCommitCallbacks(execute=True):
+            response = self.client.post(f"/c/{fourth.pk}/compact/", headers={"HX-Request": "true"})
+        assert response.status_code == 429
+        assert "3 compaction jobs waiting or running" in response.content.decode()
+        assert not CompactionJob.objects.filter(conversation=fourth).exists()
+        # Without HTMX: back to the panel, with the reason as a message.
+        page = self.client.post(f"/c/{fourth.pk}/compact/", follow=True)
+        assert "the limit is 3" in page.content.decode()
+        # A turn's proactive check is not refused, it just does not queue (the next
+        # turn asks again).
+        assert (
+            compaction.job_enqueue(
+                conversation=fourth,
+                anchor_id=fourth.tip_id,
+                model_id=VISION,
+                trigger=Trigger.PROACTIVE,
+            )
+            is None
+        )
+        # Bob is not held by Alice's jobs.
+        assert compaction.jobs_open_for_owner(self.bob.pk) == 0
+        # A job dead for an hour stops counting.
+        CompactionJob.objects.filter(conversation__owner=self.alice).update(
+            updated_at=timezone.now() - datetime.timedelta(hours=2)
+        )
+        with self.captureOnCommitCallbacks(execute=True):
+            ok = self.client.post(f"/c/{fourth.pk}/compact/", headers={"HX-Request": "true"})
+        assert ok.status_code == 200
+        assert CompactionJob.objects.get(conversation=fourth).state == JobState.DONE
+
     def test_a_job_no_worker_takes_says_so_and_runs_on_request(self) -> None:
         conv = long_conversation(self.alice, "stranded")
         # What a lost send leaves (a broker restart, a server killed before its thread

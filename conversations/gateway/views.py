@@ -112,6 +112,7 @@ def _credential(request: HttpRequest) -> str:
 
 
 async def _user(request: HttpRequest) -> Any:
+    """The token's user, or None; an expired token raises TokenExpired (an ArborError)."""
     secret = _credential(request)
     if not secret:
         return None
@@ -579,7 +580,10 @@ def _count(protocol: Protocol, user: Any, body: dict[str, Any], headers: dict[st
 @csrf_exempt
 async def anthropic_count_tokens(request: HttpRequest) -> HttpResponse:
     """The upstream's own count where it has the endpoint; else Arbor's estimate."""
-    user = await _user(request)
+    try:
+        user = await _user(request)
+    except ArborError as exc:
+        return _arbor_error(ANTHROPIC, exc)
     if user is None:
         return _unauthorized(ANTHROPIC)
     try:
@@ -620,7 +624,10 @@ def _model_list() -> list[dict[str, Any]]:
 
 @csrf_exempt
 async def openai_models(request: HttpRequest) -> HttpResponse:
-    user = await _user(request)
+    try:
+        user = await _user(request)
+    except ArborError as exc:
+        return _arbor_error(OPENAI, exc)
     if user is None:
         return _unauthorized(OPENAI)
     data = await sync_to_async(_model_list)()

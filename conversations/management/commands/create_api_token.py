@@ -1,4 +1,4 @@
-"""``manage.py create_api_token USERNAME [--name NAME]``: mint an API bearer token.
+"""``manage.py create_api_token USERNAME [--name NAME] [--days N]``: mint an API bearer token.
 
 The secret is printed once; only its sha256 is stored, so it cannot be shown again.
 Every run creates a new token (a user may hold several, e.g. one per script).
@@ -6,6 +6,7 @@ Every run creates a new token (a user may hold several, e.g. one per script).
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -30,6 +31,12 @@ class Command(BaseCommand):
             default="cli",
             help="a label to tell the user's tokens apart (default: %(default)s)",
         )
+        parser.add_argument(
+            "--days",
+            type=int,
+            default=None,
+            help="refuse the token after this many days (default: it never expires)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         username: str = options["username"]
@@ -46,7 +53,14 @@ class Command(BaseCommand):
                 f"user {username!r} is inactive: a token for it would be refused; "
                 "activate the user first"
             )
-        token, secret = services.api_token_create(user=user, name=options["name"])
+        days = options["days"]
+        if days is not None and days < 1:
+            raise CommandError(f"--days must be 1 or more, got {days}")
+        token, secret = services.api_token_create(
+            user=user,
+            name=options["name"],
+            expires_in=timedelta(days=days) if days is not None else None,
+        )
         self.stdout.write(
             f"Created API token {token.name!r} for {username}. Copy the secret now: only its "
             "hash is stored and it is never shown again."
