@@ -179,6 +179,22 @@ CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 540)
 # answered at once, as with a real worker) or "inline" (inside the request; the test
 # suite's default, where every job is done when the call returns).
 ARBOR_INPROCESS_JOBS = env_str("ARBOR_INPROCESS_JOBS", "thread")
+# Background job lifecycle. A running job renews its lease every quarter of
+# ARBOR_JOB_LEASE_SECONDS; a job whose worker died (its lease passed, or its process is
+# gone on this host) is taken again, at most ARBOR_JOB_MAX_ATTEMPTS times in all, then
+# failed with the reason. A job queued this long with no worker taking it (a lost send,
+# a broker restarted without persistence) is sent again by the sweeper (each worker at
+# start, then every ARBOR_JOB_SWEEP_SECONDS with beat: `celery -A arbor worker -B`).
+ARBOR_JOB_LEASE_SECONDS = env_int("ARBOR_JOB_LEASE_SECONDS", 60)
+ARBOR_JOB_MAX_ATTEMPTS = env_int("ARBOR_JOB_MAX_ATTEMPTS", 3)
+ARBOR_JOB_REQUEUE_SECONDS = env_int("ARBOR_JOB_REQUEUE_SECONDS", 60)
+ARBOR_JOB_SWEEP_SECONDS = env_int("ARBOR_JOB_SWEEP_SECONDS", 60)
+CELERY_BEAT_SCHEDULE = {
+    "sweep-stale-jobs": {
+        "task": "compaction.tasks.sweep_jobs",
+        "schedule": float(ARBOR_JOB_SWEEP_SECONDS),
+    }
+}
 if ARBOR_INPROCESS_JOBS not in ("thread", "inline"):
     raise ImproperlyConfiguredEnv("ARBOR_INPROCESS_JOBS must be thread or inline")
 

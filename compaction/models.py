@@ -158,7 +158,12 @@ class CompactionJob(models.Model):
     trigger = models.CharField(max_length=16, choices=Trigger.choices)
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED)
     attempts = models.PositiveIntegerField(default=0)
+    # Renewed on a timer while the job runs (services.job_run); a worker that dies stops
+    # renewing it, and the job can be taken again once it has passed.
     lease_until = models.DateTimeField(null=True, blank=True)
+    # The process running it (arbor.procs.process_identity): on the same host a dead
+    # worker is seen at once, without waiting for the lease.
+    worker = models.CharField(max_length=200, blank=True)
     record = models.ForeignKey(
         CompactionRecord, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

@@ -8,6 +8,8 @@ message they cover. The tree is never rewritten (DESIGN.md invariant 8).
 from __future__ import annotations
 
 import hashlib
+import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -18,10 +20,11 @@ from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from arbor.procs import process_gone, process_identity
 from compaction.estimate import Calibration, Limits, as_message, iter_images, message_tokens
 from compaction.ladder import (
     CompactionError,
@@ -79,6 +82,8 @@ def _calibration_save(model_id: str, calibration: Calibration, **extra: Any) -> 
         defaults={"factor": calibration.factor, "samples": calibration.samples, **extra},
     )
 
+
+log = logging.getLogger("arbor.compaction")
 
 # Events kept per model (settings shows the newest).
 CALIBRATION_HISTORY = 50
@@ -822,7 +827,7 @@ def job_enqueue(
     """Queue a compaction after the current transaction commits. One open job per
     anchor and model: a second call while one is queued or running does nothing, unless
     that job is stranded (its worker died with the lease expired, or it has waited in
-    the queue past ``JOB_REQUEUE_SECONDS``: a lost send, a server killed before its
+    the queue past ARBOR_JOB_REQUEUE_SECONDS: a lost send, a server killed before its
     thread took the job); then it is sent again, and returned. The claim is a guarded
     UPDATE, so a job sent twice still runs once."""
     from arbor.jobs import job_dispatch
@@ -868,13 +873,10 @@ def jobs_open_for_owner(owner_id: Any) -> int:
     ).count()
 
 
-# A queued job nobody took after this long is sent again (see job_enqueue).
-JOB_REQUEUE_SECONDS = 60
-
-
 def job_stranded(job: CompactionJob) -> bool:
-    """No worker has this job: queued past JOB_REQUEUE_SECONDS (no worker running, a
-    lost send), or running with its lease expired (its worker died)."""
+    """No worker has this job: queued past ARBOR_JOB_REQUEUE_SECONDS (no worker running,
+    a lost send), or running with its worker dead (the lease passed, or the process is
+    gone from this host)."""
     return job.state in (JobState.QUEUED, JobState.RUNNING) and _stranded(job)
 
 
@@ -882,7 +884,7 @@ def job_run_now(*, job: CompactionJob) -> CompactionRecord | None:
     """Run a stranded job here and now (the user asked, and waits). The claim is the same
     guarded UPDATE as a worker's, so a worker that takes it meanwhile wins and this does
     nothing."""
-    claimed = job_claim(job_id=job.pk, lease_seconds=settings.CELERY_TASK_TIME_LIMIT)
+    claimed = job_claim(job_id=job.pk)
     if claimed is None:
         return None
     return job_run(job=claimed)
@@ -891,25 +893,121 @@ def job_run_now(*, job: CompactionJob) -> CompactionRecord | None:
 def _stranded(job: CompactionJob) -> bool:
     now = timezone.now()
     if job.state == JobState.RUNNING:
-        return job.lease_until is not None and job.lease_until < now
-    return now - job.updated_at > timedelta(seconds=JOB_REQUEUE_SECONDS)
+        expired = job.lease_until is not None and job.lease_until < now
+        return expired or (bool(job.worker) and process_gone(job.worker))
+    return now - job.updated_at > timedelta(seconds=settings.ARBOR_JOB_REQUEUE_SECONDS)
 
 
-def job_claim(*, job_id: Any, lease_seconds: int) -> CompactionJob | None:
-    """Take the job if it is queued, or running with an expired lease (its worker died):
-    one guarded UPDATE, so two deliveries of the same task never both run it."""
+class JobBusy(Exception):
+    """The job runs elsewhere, its lease held by a live worker: try again after
+    ``retry_in`` seconds (it is done by then, or its worker has died)."""
+
+    def __init__(self, retry_in: float) -> None:
+        super().__init__(f"the job is running elsewhere; retry in {retry_in:.0f} s")
+        self.retry_in = retry_in
+
+
+def job_claim(*, job_id: Any, lease_seconds: int | None = None) -> CompactionJob | None:
+    """Take the job for this process if it is queued, or running with its worker dead
+    (lease passed, or the process gone from this host): one guarded UPDATE, so two
+    deliveries of the same task never both run it. None when there is nothing to run
+    (done, failed, gone, or taken by another delivery just now). Raises JobBusy while a
+    live worker holds it. A job whose workers died ARBOR_JOB_MAX_ATTEMPTS times is
+    failed with that reason instead of being run again."""
+    lease = lease_seconds if lease_seconds is not None else settings.ARBOR_JOB_LEASE_SECONDS
+    job = CompactionJob.objects.filter(pk=job_id).first()
+    if job is None or job.state not in (JobState.QUEUED, JobState.RUNNING):
+        return None
     now = timezone.now()
-    claimable = Q(state=JobState.QUEUED) | Q(state=JobState.RUNNING, lease_until__lt=now)
-    claimed = CompactionJob.objects.filter(claimable, pk=job_id).update(
+    guard = Q(state=JobState.QUEUED)
+    if job.state == JobState.RUNNING:
+        if not _stranded(job):
+            assert job.lease_until is not None
+            raise JobBusy(max(1.0, (job.lease_until - now).total_seconds() + 1))
+        # Taken again only from the dead worker it names (another delivery may have
+        # taken it a moment ago).
+        guard = Q(state=JobState.RUNNING, worker=job.worker, attempts=job.attempts)
+        if job.attempts >= settings.ARBOR_JOB_MAX_ATTEMPTS:
+            CompactionJob.objects.filter(guard, pk=job_id).update(
+                state=JobState.FAILED,
+                error=f"the worker running this job stopped {job.attempts} times (killed, "
+                "out of memory, or restarted); it is not tried again: see the worker logs",
+                lease_until=None,
+            )
+            return None
+    claimed = CompactionJob.objects.filter(guard, pk=job_id).update(
         state=JobState.RUNNING,
         attempts=F("attempts") + 1,
-        lease_until=now + timedelta(seconds=lease_seconds),
+        lease_until=now + timedelta(seconds=lease),
+        worker=process_identity(),
     )
     if not claimed:
         return None
     return CompactionJob.objects.select_related("conversation", "conversation__owner").get(
         pk=job_id
     )
+
+
+class _JobLease:
+    """Renews a running job's lease on a timer while its work goes on (a long OCR, a
+    slow summary call): the lease stays short, so a worker that dies is noticed within
+    one lease, while a live one is never taken for dead."""
+
+    def __init__(self, job: CompactionJob) -> None:
+        self.job_id, self.worker = job.pk, job.worker
+        self.lease = timedelta(seconds=settings.ARBOR_JOB_LEASE_SECONDS)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="arbor-job-lease", daemon=True)
+
+    def __enter__(self) -> _JobLease:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self.lease.total_seconds() / 4):
+                CompactionJob.objects.filter(
+                    pk=self.job_id, state=JobState.RUNNING, worker=self.worker
+                ).update(lease_until=timezone.now() + self.lease)
+        except Exception:
+            log.exception("renewing the lease of compaction job %s failed", self.job_id)
+        finally:
+            connections.close_all()  # this thread's own connection
+
+
+def jobs_sweep() -> dict[str, int]:
+    """Send again every job no worker has (queued past the requeue time: a lost send, a
+    broker restarted without persistence; running with its worker dead), and end an
+    import whose process died. Run by each Celery worker as it starts and then on beat's
+    schedule (``manage.py sweep_jobs`` for cron). Sending twice is harmless: the claim
+    is guarded, so a job still runs once."""
+    from arbor.jobs import job_dispatch
+    from compaction.tasks import run_compaction_job
+    from conversations.models import ImportJob, ImportState
+    from conversations.tasks import run_import_job
+
+    now = timezone.now()
+    requeue = now - timedelta(seconds=settings.ARBOR_JOB_REQUEUE_SECONDS)
+    sent = 0
+    for job in CompactionJob.objects.filter(state__in=[JobState.QUEUED, JobState.RUNNING]):
+        if not _stranded(job):
+            continue
+        # Touched, so that the next sweep waits a whole requeue time for this send.
+        CompactionJob.objects.filter(pk=job.pk, state=job.state).update(updated_at=now)
+        job_dispatch(run_compaction_job, str(job.pk))
+        sent += 1
+    imports_sent = imports_ended = 0
+    for item in ImportJob.objects.filter(state=ImportState.QUEUED, updated_at__lt=requeue):
+        ImportJob.objects.filter(pk=item.pk, state=ImportState.QUEUED).update(updated_at=now)
+        job_dispatch(run_import_job, str(item.pk))
+        imports_sent += 1
+    for item in ImportJob.objects.filter(state=ImportState.RUNNING):
+        imports_ended += tree_services.import_job_sweep(item).state == ImportState.FAILED
+    return {"compaction_sent": sent, "imports_sent": imports_sent, "imports_ended": imports_ended}
 
 
 def job_run(*, job: CompactionJob) -> CompactionRecord | None:
@@ -922,15 +1020,16 @@ def job_run(*, job: CompactionJob) -> CompactionRecord | None:
 
     try:
         spec = resolve_model(job.model)
-        result = context_build(
-            conversation=job.conversation,
-            spec=spec,
-            tip_id=job.anchor_id,
-            tools=tools_for(job.conversation),
-            trigger=job.trigger,
-            measure_ocr=True,
-            progress=progress,
-        )
+        with _JobLease(job):
+            result = context_build(
+                conversation=job.conversation,
+                spec=spec,
+                tip_id=job.anchor_id,
+                tools=tools_for(job.conversation),
+                trigger=job.trigger,
+                measure_ocr=True,
+                progress=progress,
+            )
     except Exception as exc:
         CompactionJob.objects.filter(pk=job.pk).update(
             state=JobState.FAILED, error=f"{type(exc).__name__}: {exc}"

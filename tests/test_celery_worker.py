@@ -6,12 +6,17 @@ skipping it.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -20,6 +25,7 @@ from django.test import TransactionTestCase
 from kombu import pools as kombu_pools
 
 from arbor.celery import app as celery_app
+from compaction import services as compaction_services
 from compaction.models import CompactionJob, CompactionRecord
 from conversations import services
 from conversations.providers.fake import FakeLLMServer, Step
@@ -51,14 +57,22 @@ def broker() -> Iterator[None]:
 
 
 class CeleryWorkerTests(TransactionTestCase):
-    def setUp(self) -> None:
-        saved = dict(celery_app.conf)
-        celery_app.conf.update(broker_url=BROKER, task_always_eager=False)
-        self.addCleanup(celery_app.conf.update, saved)
+    @staticmethod
+    def _use_broker(case: TransactionTestCase, url: str) -> None:
+        """Send this test's tasks to ``url`` (restored after the test)."""
+        # Only the two keys: updating with the whole saved conf also writes the old
+        # setting names, which then shadow the new ones (the next test ran eagerly).
+        conf = celery_app.conf
+        saved = {"broker_url": conf.broker_url, "task_always_eager": conf.task_always_eager}
+        celery_app.conf.update(broker_url=url, task_always_eager=False)
+        case.addCleanup(celery_app.conf.update, saved)
         # Connections and producers are pooled per app and keep the broker they were made
         # with: start from fresh ones, and leave none behind for later tests.
-        self._reset_pools()
-        self.addCleanup(self._reset_pools)
+        CeleryWorkerTests._reset_pools()
+        case.addCleanup(CeleryWorkerTests._reset_pools)
+
+    def setUp(self) -> None:
+        self._use_broker(self, BROKER)
         env = dict(child_env(), CELERY_BROKER_URL=BROKER)
         self.worker = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "arbor", "worker", "--pool", "solo",
@@ -138,3 +152,223 @@ class CeleryWorkerTests(TransactionTestCase):
         conversation_id = job.report["conversation_ids"][0]
         assert services.Message.objects.filter(conversation_id=conversation_id).count() == 1007
         assert not job.upload  # the kept upload is removed once imported
+
+
+def start_worker(
+    *, pool: str = "solo", broker: str = BROKER, **env: str
+) -> subprocess.Popen[bytes]:
+    """A real Celery worker on ``broker``, in a session of its own (so that a test can
+    kill it with its pool processes), with ``env`` added to the test's environment."""
+    command = [
+        sys.executable, "-m", "celery", "-A", "arbor", "worker", "--pool", pool,
+        "--concurrency", "1", "--loglevel", "WARNING", "--without-heartbeat",
+        "--without-gossip", "--without-mingle",
+    ]  # fmt: skip
+    return subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env={**child_env(), "CELERY_BROKER_URL": broker, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def stop(worker: subprocess.Popen[bytes]) -> None:
+    if worker.poll() is None:
+        os.killpg(worker.pid, signal.SIGKILL)
+    worker.communicate(timeout=20)
+
+
+def wait_for(what: str, check: Any, worker: subprocess.Popen[bytes] | None, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        dead = worker is not None and worker.poll() is not None
+        if dead or time.monotonic() > deadline:
+            output = ""
+            if worker is not None:
+                stop(worker)
+                output = worker.communicate()[0].decode(errors="replace")
+            raise AssertionError(f"timed out waiting for {what}; worker output:\n{output}")
+        time.sleep(0.1)
+
+
+def pool_children(worker: subprocess.Popen[bytes]) -> list[int]:
+    listed = subprocess.run(
+        ["ps", "-o", "pid=", "--ppid", str(worker.pid)], capture_output=True, text=True
+    ).stdout
+    return [int(pid) for pid in listed.split()]
+
+
+class JobScene(TransactionTestCase):
+    """A conversation whose compaction needs a summary (the loopback provider can hold
+    that call), and what every fault below must end in: the job done exactly once, one
+    record, the originals untouched, no job left running or queued."""
+
+    def setUp(self) -> None:
+        CeleryWorkerTests._use_broker(self, BROKER)
+        FAKE.clear()
+        self.user = make_user("agent")
+        self.conv = services.conversation_create(
+            owner=self.user, title="long", model="openai/textonly"
+        )
+        # Failing tool results are eventful: elision cannot shrink them, and a text-only
+        # model gets no pages, so the job must ask the model for a summary.
+        grow(self.conv, 14, result_chars=1200, error=True)
+        self.conv.refresh_from_db()
+        self.originals = {
+            m.pk: (m.parts, m.parent_id)
+            for m in services.Message.objects.filter(conversation=self.conv)
+        }
+
+    def messages(self) -> dict[Any, Any]:
+        rows = services.Message.objects.filter(conversation=self.conv)
+        return {m.pk: (m.parts, m.parent_id) for m in rows}
+
+    def enqueue(self) -> CompactionJob:
+        assert self.conv.tip_id is not None
+        job = compaction_services.job_enqueue(
+            conversation=self.conv, anchor_id=self.conv.tip_id, model_id="openai/textonly",
+            trigger="manual",
+        )  # fmt: skip
+        assert job is not None
+        return job
+
+    def summary_requests(self) -> int:
+        return sum(1 for r in FAKE.requests if "summar" in json.dumps(r.body).lower())
+
+    def assert_done_once(self, job: CompactionJob, attempts: int) -> None:
+        job.refresh_from_db()
+        assert job.state == "done", job.error
+        assert job.attempts == attempts
+        records = CompactionRecord.objects.filter(conversation=self.conv)
+        assert [r.status for r in records] == ["ready"]
+        assert job.record_id == records[0].pk
+        assert "summary" in [r["rung"] for r in records[0].rungs]
+        assert not CompactionJob.objects.filter(state__in=["queued", "running"]).exists()
+        assert self.messages() == self.originals
+
+
+class WorkerDeathTests(JobScene):
+    """kill -9 in the middle of a compaction job, held inside its summary call."""
+
+    def test_a_pool_process_killed_mid_compaction(self) -> None:
+        FAKE.push(Step.reply("Summary: the first try.", delay=120), Step.reply("Summary: done."))
+        worker = start_worker(pool="prefork")
+        self.addCleanup(stop, worker)
+        job = self.enqueue()
+        wait_for("the summary call", lambda: self.summary_requests() == 1, worker, 90)
+        (child,) = pool_children(worker)
+        os.kill(child, signal.SIGKILL)
+        # The worker redelivers the task at once (acks_late, reject_on_worker_lost); the
+        # new pool process takes the job from the dead one without waiting for its lease.
+        wait_for("the job to end", lambda: _state(job) in ("done", "failed"), worker, 90)
+        self.assert_done_once(job, attempts=2)
+        assert worker.poll() is None
+
+    def test_the_whole_worker_killed_mid_compaction(self) -> None:
+        FAKE.push(Step.reply("Summary: the first try.", delay=120), Step.reply("Summary: done."))
+        first = start_worker(pool="prefork")
+        self.addCleanup(stop, first)
+        job = self.enqueue()
+        wait_for("the summary call", lambda: self.summary_requests() == 1, first, 90)
+        stop(first)  # kill -9 of the worker and its pool process
+        job.refresh_from_db()
+        assert job.state == "running"
+        # The next worker to start sweeps: the job's process is gone, so it runs again.
+        second = start_worker(pool="prefork")
+        self.addCleanup(stop, second)
+        wait_for("the job to end", lambda: _state(job) in ("done", "failed"), second, 90)
+        self.assert_done_once(job, attempts=2)
+
+
+def _state(job: CompactionJob) -> str:
+    return CompactionJob.objects.values_list("state", flat=True).get(pk=job.pk)
+
+
+class PrivateRedis:
+    """A Redis of the test's own on a free loopback port, without persistence, that the
+    test may restart (CI's shared Redis is left alone)."""
+
+    def __init__(self) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=1)
+        wait_for("redis", lambda: _pings(client), None, 20)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+class BrokerRestartTests(JobScene):
+    """A broker restarted without persistence forgets its queue: a queued job is sent
+    again by the sweeper, and a running job finishes while the worker reconnects."""
+
+    def setUp(self) -> None:
+        if shutil.which("redis-server") is None:
+            if os.environ.get("CI") == "true":
+                pytest.fail("redis-server is not installed (CI must provide it)")
+            pytest.skip("redis-server is not installed")
+        self.redis = PrivateRedis()
+        self.redis.start()
+        self.addCleanup(self.redis.stop)
+        super().setUp()
+        CeleryWorkerTests._use_broker(self, self.redis.url)
+
+    def test_a_queued_job_lost_with_the_broker_is_sent_again(self) -> None:
+        FAKE.push(Step.reply("Summary: done."))
+        job = self.enqueue()  # sent to the broker; no worker is running yet
+        assert redis.Redis.from_url(self.redis.url).llen("celery") == 1
+        self.redis.restart()
+        assert redis.Redis.from_url(self.redis.url).llen("celery") == 0  # the send is lost
+        time.sleep(1.2)
+        worker = start_worker(broker=self.redis.url, ARBOR_JOB_REQUEUE_SECONDS="1")
+        self.addCleanup(stop, worker)
+        wait_for("the job to end", lambda: _state(job) in ("done", "failed"), worker, 90)
+        self.assert_done_once(job, attempts=1)
+
+    def test_a_job_running_through_a_broker_restart_finishes(self) -> None:
+        FAKE.push(Step.reply("Summary: done.", delay=4))
+        worker = start_worker(broker=self.redis.url)
+        self.addCleanup(stop, worker)
+        job = self.enqueue()
+        wait_for("the summary call", lambda: self.summary_requests() == 1, worker, 90)
+        self.redis.restart()
+        wait_for("the job to end", lambda: _state(job) in ("done", "failed"), worker, 90)
+        self.assert_done_once(job, attempts=1)
+        # The worker is still there, back on the broker: the next job runs too.
+        other = services.conversation_create(owner=self.user, title="next", model="openai/textonly")
+        grow(other, 14, result_chars=1200, error=True)
+        other.refresh_from_db()
+        assert other.tip_id is not None
+        FAKE.push(Step.reply("Summary: the next one."))
+        second = compaction_services.job_enqueue(
+            conversation=other, anchor_id=other.tip_id, model_id="openai/textonly",
+            trigger="manual",
+        )  # fmt: skip
+        assert second is not None
+        wait_for("the next job", lambda: _state(second) in ("done", "failed"), worker, 90)
+        assert _state(second) == "done"

@@ -6,7 +6,11 @@ non-staff (403 on the audit) and anonymous users."""
 from __future__ import annotations
 
 import datetime
+import io
+import json
 import re
+import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -15,11 +19,14 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from django.conf import settings
+from django.core.management import call_command
 from django.db import connection
 from django.test import Client, TestCase, TransactionTestCase, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from arbor.procs import process_identity
 from compaction import services as compaction
 from compaction.models import (
     CompactionJob,
@@ -582,7 +589,7 @@ class JobTests(Base):
                 seen.append(dict(fields["progress"]))
             return update(**fields)
 
-        claimed = compaction.job_claim(job_id=job.pk, lease_seconds=60)
+        claimed = compaction.job_claim(job_id=job.pk)
         assert claimed is not None
         with mock.patch.object(CompactionJob.objects, "filter", return_value=mock.Mock(update=spy)):
             compaction.job_run(job=claimed)
@@ -652,6 +659,33 @@ class CompactNowOnAWorkerThreadTests(TransactionTestCase):
         assert CompactionRecord.objects.filter(conversation=conv, status="ready").exists()
 
 
+class JobLeaseTests(TransactionTestCase):
+    """The lease is renewed from a thread with its own connection: committed rows."""
+
+    @override_settings(ARBOR_JOB_LEASE_SECONDS=1)
+    def test_a_running_job_renews_its_lease_on_a_timer(self) -> None:
+        alice = make_user("alice")
+        conv = services.conversation_create(owner=alice, title="agent", model=VISION)
+        grow(conv, 2)
+        assert conv.tip_id is not None
+        job = CompactionJob.objects.create(
+            conversation=conv, anchor_id=conv.tip_id, model=VISION, trigger="manual"
+        )
+        claimed = compaction.job_claim(job_id=job.pk)
+        assert claimed is not None and claimed.lease_until is not None
+        first = claimed.lease_until
+        with compaction._JobLease(claimed):
+            time.sleep(1.6)
+        job.refresh_from_db()
+        assert job.lease_until is not None
+        assert job.lease_until > first + datetime.timedelta(seconds=0.5)
+        # Once the work ends, it stops: the lease runs out, as a dead worker's would.
+        stopped = job.lease_until
+        time.sleep(0.6)
+        job.refresh_from_db()
+        assert job.lease_until == stopped
+
+
 class StrandedJobTests(TestCase):
     """A job whose worker died (or whose send was lost) is sent again by the next
     "Compact now", and still runs once."""
@@ -686,7 +720,7 @@ class StrandedJobTests(TestCase):
         assert CompactionJob.objects.filter(conversation=self.conv).count() == 1
 
     def test_a_job_left_in_the_queue_is_sent_again(self) -> None:
-        old = timezone.now() - datetime.timedelta(seconds=compaction.JOB_REQUEUE_SECONDS + 5)
+        old = timezone.now() - datetime.timedelta(seconds=settings.ARBOR_JOB_REQUEUE_SECONDS + 5)
         job = self.stuck(state=JobState.QUEUED, updated_at=old)
         assert self.enqueue() == job
         job.refresh_from_db()
@@ -698,3 +732,62 @@ class StrandedJobTests(TestCase):
         assert self.enqueue() is None
         job.refresh_from_db()
         assert job.state == JobState.RUNNING and job.attempts == 1
+        # A second delivery of its task waits for the lease instead of dropping the job.
+        with self.assertRaises(compaction.JobBusy) as busy:
+            compaction.job_claim(job_id=job.pk)
+        assert 250 < busy.exception.retry_in <= 302
+
+    def test_a_job_whose_worker_process_is_gone_is_taken_at_once(self) -> None:
+        # The lease still holds, but the pool process that took the job is gone from
+        # this host (killed): a redelivery takes it without waiting for the lease.
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        later = timezone.now() + datetime.timedelta(minutes=5)
+        job = self.stuck(
+            state=JobState.RUNNING, attempts=1, lease_until=later,
+            worker=f"{socket.gethostname()}:{dead.pid}:1",
+        )  # fmt: skip
+        job.refresh_from_db()
+        assert compaction.job_stranded(job)
+        claimed = compaction.job_claim(job_id=job.pk)
+        assert claimed is not None and claimed.attempts == 2
+        assert claimed.worker == process_identity()
+        # The claim is ours now: another delivery finds it busy.
+        with self.assertRaises(compaction.JobBusy):
+            compaction.job_claim(job_id=job.pk)
+
+    @override_settings(ARBOR_JOB_MAX_ATTEMPTS=3)
+    def test_a_job_whose_workers_keep_dying_is_failed_with_the_reason(self) -> None:
+        past = timezone.now() - datetime.timedelta(minutes=1)
+        job = self.stuck(state=JobState.RUNNING, attempts=3, lease_until=past)
+        assert compaction.job_claim(job_id=job.pk) is None
+        job.refresh_from_db()
+        assert job.state == JobState.FAILED and job.attempts == 3
+        assert "stopped 3 times" in job.error
+        assert not CompactionRecord.objects.filter(conversation=self.conv).exists()
+        # Nothing is left open: "Compact now" queues a fresh job.
+        fresh = self.enqueue()
+        assert fresh is not None and fresh.pk != job.pk
+
+    def test_the_sweeper_sends_again_what_no_worker_has(self) -> None:
+        old = timezone.now() - datetime.timedelta(seconds=settings.ARBOR_JOB_REQUEUE_SECONDS + 5)
+        lost = self.stuck(state=JobState.QUEUED, updated_at=old)
+        other = services.conversation_create(owner=self.alice, title="b", model=VISION)
+        grow(other, 12, result_chars=1200, error=True)
+        assert other.tip_id is not None
+        fresh = CompactionJob.objects.create(
+            conversation=other, anchor_id=other.tip_id, model=VISION, trigger="manual"
+        )
+        with self.captureOnCommitCallbacks(execute=True):
+            swept = compaction.jobs_sweep()
+        assert swept["compaction_sent"] == 1
+        lost.refresh_from_db()
+        fresh.refresh_from_db()
+        assert lost.state == JobState.DONE and lost.attempts == 1, lost.error
+        assert fresh.state == JobState.QUEUED  # queued a moment ago: just waiting
+        # The command an operator runs from cron does the same, and says what it did.
+        out = io.StringIO()
+        call_command("sweep_jobs", stdout=out)
+        assert json.loads(out.getvalue()) == {
+            "compaction_sent": 0, "imports_sent": 0, "imports_ended": 0
+        }  # fmt: skip
