@@ -889,6 +889,11 @@ def import_job_run(*, job_id: Any) -> None:
         state=ImportState.RUNNING, worker=process_identity(), updated_at=timezone.now()
     )
     if not claimed:
+        # A redelivery after the process running it died (a killed pool process): say
+        # so now, with what it imported, rather than when someone next looks.
+        running = ImportJob.objects.filter(pk=job_id, state=ImportState.RUNNING).first()
+        if running is not None:
+            import_job_sweep(running)
         return
     job = ImportJob.objects.get(pk=job_id)
     imported: list[str] = []

@@ -28,10 +28,12 @@ from arbor.celery import app as celery_app
 from compaction import services as compaction_services
 from compaction.models import CompactionJob, CompactionRecord
 from conversations import services
+from conversations.models import Conversation, ImportJob, Message
 from conversations.providers.fake import FakeLLMServer, Step
 from conversations.turns import turn_run
 from tests.builders import grow, make_user, text
 from tests.fake_models import child_env, serve_fake_models
+from tests.test_import_kill import chatgpt_export
 
 ROOT = Path(__file__).resolve().parent.parent
 BROKER = "redis://127.0.0.1:6379/14"
@@ -284,6 +286,41 @@ class WorkerDeathTests(JobScene):
 
 def _state(job: CompactionJob) -> str:
     return CompactionJob.objects.values_list("state", flat=True).get(pk=job.pk)
+
+
+class ImportWorkerDeathTests(TransactionTestCase):
+    def setUp(self) -> None:
+        CeleryWorkerTests._use_broker(self, BROKER)
+
+    def test_a_pool_process_killed_mid_import(self) -> None:
+        user = make_user("importer")
+        worker = start_worker(pool="prefork")
+        self.addCleanup(stop, worker)
+        job = services.import_job_create(
+            owner=user, upload=SimpleUploadedFile("export.json", chatgpt_export(400))
+        )
+        wait_for(
+            "the first conversations",
+            lambda: ImportJob.objects.get(pk=job.pk).conversations_done >= 3,
+            worker,
+            90,
+        )
+        (child,) = pool_children(worker)
+        os.kill(child, signal.SIGKILL)
+        # Redelivered at once; the new pool process ends the job, with what it kept.
+        wait_for("the job to end", lambda: ImportJob.objects.get(pk=job.pk).state != "running",
+                 worker, 60)  # fmt: skip
+        job.refresh_from_db()
+        assert job.state == "failed" and job.error.startswith("interrupted"), job.error
+        kept = job.report["conversation_ids"]
+        assert 3 <= len(kept) == job.conversations_done < 400
+        assert f"after {len(kept)} conversations" in job.error
+        # Every conversation it wrote is whole (30 messages each), nothing else is there.
+        counts = [Message.objects.filter(conversation_id=c).count() for c in kept]
+        assert counts == [30] * len(kept)
+        assert Conversation.objects.filter(owner=user).count() == len(kept)
+        assert not job.upload
+        assert worker.poll() is None
 
 
 class PrivateRedis:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.db import DatabaseError
+from django.db import DatabaseError, transaction
 
 from conversations.errors import ArborError, InvalidInput
 from conversations.importers import arbor, chatgpt, claude_code, claudeai, codex, openwebui, pi
@@ -140,7 +140,12 @@ def _import_file(
                 source.title = f"Sub-agent: {spawned_title}"
         try:
             built = build(source, limits)
-            conversation_write(owner=owner, built=built, calls=calls)
+            # The progress line commits with the conversation: a process killed between
+            # the two never leaves a conversation its job does not report.
+            with transaction.atomic():
+                conversation_write(owner=owner, built=built, calls=calls)
+                if progress is not None:
+                    progress(source.report)
         except SkipConversation as exc:
             report.skipped.add("conversation", label, f"not imported: {exc}")
             continue
@@ -149,8 +154,6 @@ def _import_file(
             report.skipped.add("conversation", label, f"not imported: {exc}")
             continue
         report.conversations.append(source.report)
-        if progress is not None:
-            progress(source.report)
 
 
 def _import_archive(
