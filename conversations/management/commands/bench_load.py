@@ -35,7 +35,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--clients", type=int, default=20)
-        parser.add_argument("--seconds", type=float, default=20.0)
+        parser.add_argument("--seconds", type=float, default=60.0)
 
     def handle(self, *args: Any, **options: Any) -> None:
         user_model = get_user_model()
