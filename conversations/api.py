@@ -289,7 +289,34 @@ def _first_event(events: Any) -> Any:
     return produce
 
 
-@router.post("/conversations/{cid}/messages", response={201: ChatOut}, tags=["chat"])
+# With ``stream`` the answer is a 200 event stream, not the 201 JSON of ``response=``:
+# the schema says so too, for clients generated from it.
+STREAMED = {
+    "responses": {
+        200: {
+            "description": "With stream: Server-Sent Events (attempt, delta, tool_call, "
+            "tool_result, then done or error)",
+            "content": {
+                "text/event-stream": {
+                    # Each event: its name, and its fields as a JSON object.
+                    "schema": {
+                        "type": "object",
+                        "required": ["event", "data"],
+                        "properties": {
+                            "event": {"type": "string"},
+                            "data": {"type": "string", "contentMediaType": "application/json"},
+                        },
+                    }
+                }
+            },
+        }
+    }
+}
+
+
+@router.post(
+    "/conversations/{cid}/messages", response={201: ChatOut}, tags=["chat"], openapi_extra=STREAMED
+)
 def chat(request: HttpRequest, cid: str, payload: ChatIn) -> Any:
     """Run a chat turn with the model: JSON when it is over, or Server-Sent Events
     (``delta``, ``tool_call``, ``tool_result``, then ``done`` or ``error``) with
@@ -313,7 +340,9 @@ def _chat_out(outcome: turns.TurnOutcome) -> dict[str, Any]:
     }
 
 
-@router.post("/conversations/{cid}/retry", response={201: ChatOut}, tags=["chat"])
+@router.post(
+    "/conversations/{cid}/retry", response={201: ChatOut}, tags=["chat"], openapi_extra=STREAMED
+)
 def retry(request: HttpRequest, cid: str, stream: bool = False) -> Any:
     """Run the last failed or interrupted turn again. 404 ``nothing_loaded`` when there
     is no such conversation or no transcript; 409 ``nothing_to_retry`` when the last
