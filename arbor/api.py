@@ -60,11 +60,19 @@ def docs_access(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse
 
 
 class StrictParser(Parser):
-    """Request bodies as JSON: NaN and Infinity, which Python's json reads but JSON (and
-    PostgreSQL's jsonb) does not, are refused with a 400 naming them."""
+    """Request bodies as JSON objects: NaN and Infinity, which Python's json reads but
+    JSON (and PostgreSQL's jsonb) does not, and a body that is not an object are refused
+    with a 400 naming the problem."""
 
     def parse_body(self, request: HttpRequest) -> DictStrAny:
-        return cast(DictStrAny, strict_json(request.body))
+        data = strict_json(request.body)
+        # Every route's body is an object; ninja would read [] or 5 as "all defaults".
+        if not isinstance(data, dict):
+            kind = {list: "an array", str: "a string", bool: "a boolean"}.get(
+                type(data), "null" if data is None else "a number"
+            )
+            raise NotJSON(f"the request body must be a JSON object, not {kind}")
+        return cast(DictStrAny, data)
 
 
 api = NinjaAPI(

@@ -604,11 +604,24 @@ class MalformedBodyTests(BadInputTestCase):
             response = self.call(lambda: self.api.post("/api/imports", files))
             self.rejected(response, 400, "bad_request")
 
+    def test_a_body_that_is_not_a_json_object_is_400(self) -> None:
+        # Routes whose fields all have defaults read [] or 5 as "all defaults" (a 201).
+        urls = [
+            "/api/conversations",
+            f"/api/conversations/{self.conv.pk}/turns",
+            f"/api/messages/{self.n['c'].id}/fork",
+        ]
+        bodies = {b"[]": "an array", b'"a string"': "a string", b"5": "a number",
+                  b"null": "null", b"true": "a boolean"}  # fmt: skip
+        for url in urls:
+            for payload, kind in bodies.items():
+                with self.subTest(url=url, payload=payload), self.nothing_written():
+                    body = self.rejected(self.raw(url, payload), 400, "bad_request")
+                    assert f"must be a JSON object, not {kind}" in body["detail"], body
+
     def test_it_answers_422_for_json_of_the_wrong_shape(self) -> None:
         url = f"/api/conversations/{self.conv.pk}/turns"
         bodies = [
-            b"[]",
-            b'"a string"',
             b"{}",
             b'{"parent": null, "messages": []}',
             b'{"parent": null, "expected_version": "three", "messages": []}',
