@@ -903,6 +903,52 @@ def test_a_silent_server_fails_at_the_deadline_before_the_read_timeout(
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_stream_that_does_not_begin_fails_at_the_first_byte_deadline(
+    fake: FakeLLMServer, protocol: str
+) -> None:
+    # The server takes the request and says nothing: each try gives up after the
+    # first-byte wait, not the (long) read timeout, and says which limit it was.
+    fake.push(Step.wait(5, "late"), Step.wait(5, "late"), Step.wait(5, "late"))
+    settings = ClientSettings(max_retries=2, timeout=20.0, connect_timeout=2.0, first_byte=0.3)
+    with (
+        connect(fake, protocol, settings=settings) as provider,
+        pytest.raises(ProviderUnavailable) as err,
+    ):
+        list(provider.stream(Request(messages=[user("go")])))
+    assert err.value.code == "first_byte_timeout", err.value
+    assert "ARBOR_PROVIDER_FIRST_BYTE" in str(err.value)
+    assert len(fake.requests) == 3  # every try was made, each cut at its first byte
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_the_first_byte_deadline_does_not_cut_a_stream_that_began(
+    fake: FakeLLMServer, protocol: str
+) -> None:
+    # Once events flow, a pause longer than the first-byte wait is the read timeout's
+    # business: this stream pauses 1 s and then drops, and is reported as cut off.
+    fake.push(Step.stall("one two three four five", after=2, hang=1.0))
+    settings = ClientSettings(max_retries=0, timeout=20.0, connect_timeout=2.0, first_byte=0.3)
+    with (
+        connect(fake, protocol, settings=settings) as provider,
+        pytest.raises(ProviderUnavailable) as err,
+    ):
+        list(provider.stream(Request(messages=[user("go")])))
+    assert err.value.code == "stream_incomplete", err.value
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_an_answer_sent_whole_has_no_first_byte_deadline(
+    fake: FakeLLMServer, protocol: str
+) -> None:
+    # A non-streamed answer arrives whole: its wait is bounded by the read timeout only.
+    fake.push(Step.wait(0.8, "slow but whole"))
+    settings = ClientSettings(max_retries=0, timeout=20.0, connect_timeout=2.0, first_byte=0.3)
+    with connect(fake, protocol, settings=settings) as provider:
+        reply = provider.complete(Request(messages=[user("go")]))
+    assert reply.text == "slow but whole"
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_it_rejects_a_stream_cut_off_mid_answer(fake: FakeLLMServer, protocol: str) -> None:
     # The server drops the connection after a few events: a partial answer is an error,
     # never a Done with half a reply.

@@ -97,6 +97,11 @@ class ClientSettings:
     # fails after ``timeout`` without a byte, a stream that trickles (or sends keep-alive
     # comments forever) after this.
     deadline: float = 600.0
+    # A streamed call's wait for the response to begin (its headers), each attempt: a
+    # server that accepts the connection and then says nothing fails after this, not
+    # after the whole read timeout. A non-streamed answer arrives whole, so only
+    # ``timeout`` bounds its wait.
+    first_byte: float = 60.0
 
     @classmethod
     def from_env(cls) -> ClientSettings:
@@ -106,6 +111,7 @@ class ClientSettings:
             connect_timeout=_env_float("ARBOR_PROVIDER_CONNECT_TIMEOUT", cls.connect_timeout),
             max_retry_after=_env_float("ARBOR_PROVIDER_MAX_RETRY_AFTER", cls.max_retry_after),
             deadline=_env_float("ARBOR_PROVIDER_DEADLINE", cls.deadline),
+            first_byte=_env_float("ARBOR_PROVIDER_FIRST_BYTE", cls.first_byte),
         )
 
     def httpx_timeout(self) -> httpx2.Timeout:
@@ -114,6 +120,10 @@ class ClientSettings:
 
 class DeadlineExceeded(httpx2.ReadTimeout):
     """The model call ran past ClientSettings.deadline."""
+
+
+class FirstByteTimeout(httpx2.ReadTimeout):
+    """A streamed call's response did not begin within ClientSettings.first_byte."""
 
 
 class _DeadlineStream(httpx2.SyncByteStream):
@@ -133,32 +143,49 @@ class _DeadlineStream(httpx2.SyncByteStream):
 class DeadlineTransport(httpx2.HTTPTransport):
     """The HTTP transport of a provider's client, holding one deadline for the whole
     call it is making (set by the provider before each call): every attempt's timeouts
-    are capped by what is left, and the response body is cut when it passes."""
+    are capped by what is left, and the response body is cut when it passes. For a
+    streamed call, ``first_byte`` also caps each attempt's wait for the response to
+    begin; the body's reads then get the ordinary read timeout back."""
 
     deadline_at: float | None = None
+    first_byte: float | None = None
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
-        deadline_at = self.deadline_at
+        deadline_at, first_byte = self.deadline_at, self.first_byte
+        timeout = dict(request.extensions.get("timeout") or {})
         if deadline_at is not None:
             left = deadline_at - time.monotonic()
             if left <= 0:
                 raise DeadlineExceeded("the model call ran past its deadline", request=request)
-            timeout = dict(request.extensions.get("timeout") or {})
             for key in ("connect", "read", "write", "pool"):
                 timeout[key] = min(timeout.get(key) or left, left)
-            request.extensions["timeout"] = timeout
-        response = super().handle_request(request)
+        body_timeout = dict(timeout)
+        waiting = dict(timeout)
+        if first_byte is not None:
+            waiting["read"] = min(timeout.get("read") or first_byte, first_byte)
+        request.extensions["timeout"] = waiting
+        try:
+            response = super().handle_request(request)
+        except httpx2.ReadTimeout as exc:
+            if first_byte is not None and waiting["read"] == first_byte:
+                raise FirstByteTimeout(
+                    f"no response within {first_byte:g} s", request=request
+                ) from exc
+            raise
+        # httpcore reads the timeouts of the body from this same mapping when the body
+        # is first read, which is after this returns.
+        request.extensions["timeout"] = body_timeout
         if deadline_at is not None:
             response.stream = _DeadlineStream(response.stream, deadline_at, request)
         return response
 
 
-def _caused_by_deadline(exc: BaseException) -> bool:
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
     seen: BaseException | None = exc
     for _ in range(5):
         if seen is None:
             return False
-        if isinstance(seen, DeadlineExceeded):
+        if isinstance(seen, kind):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
@@ -242,11 +269,17 @@ def normalize_error(exc: BaseException, *, provider: str) -> ProviderError:
     """
     if isinstance(exc, ProviderError):
         return exc
-    if _caused_by_deadline(exc):
+    if _caused_by(exc, DeadlineExceeded):
         return ProviderUnavailable(
             "the model did not finish its answer within the call's deadline "
             "(ARBOR_PROVIDER_DEADLINE)",
             code="deadline",
+            provider=provider,
+        )
+    if _caused_by(exc, FirstByteTimeout):
+        return ProviderUnavailable(
+            "the model's stream did not begin within ARBOR_PROVIDER_FIRST_BYTE seconds (each try)",
+            code="first_byte_timeout",
             provider=provider,
         )
     if isinstance(exc, openai.APIStatusError | anthropic.APIStatusError):
@@ -433,9 +466,11 @@ class Provider(ABC):
     def close(self) -> None:
         self._http.close()
 
-    def _start_call(self) -> None:
-        """One deadline for the call about to be made, its retries included."""
+    def _start_call(self, *, streaming: bool = False) -> None:
+        """One deadline for the call about to be made, its retries included; and for a
+        stream, the first-byte wait of each attempt."""
         self._transport.deadline_at = time.monotonic() + self.settings.deadline
+        self._transport.first_byte = self.settings.first_byte if streaming else None
 
     def __enter__(self) -> Provider:
         return self
@@ -503,7 +538,7 @@ class OpenAIProvider(Provider):
         kwargs["stream"] = True
         kwargs["stream_options"] = {"include_usage": True}
         accumulator = OpenAIStreamAccumulator()
-        self._start_call()
+        self._start_call(streaming=True)
         try:
             with cast(Any, self.client.chat.completions).create(**kwargs) as chunks:
                 for chunk in chunks:
@@ -559,7 +594,7 @@ class AnthropicProvider(Provider):
         kwargs["stream"] = True
         accumulator = AnthropicStreamAccumulator()
         stopped = False
-        self._start_call()
+        self._start_call(streaming=True)
         try:
             with cast(Any, self.client.messages).create(**kwargs) as events:
                 for event in events:
