@@ -422,7 +422,7 @@ def context_build(
     originals, resume = _originals(
         conversation, tip_id, pending, drop_checkpoints=compact, archived=archived
     )
-    calibration, reported = calibration_get(spec.id)
+    calibration, reported = calibration_get(spec.calibration_key)
     budget = budget or model_budget(spec, reported)
     view = ContextView.build(
         originals,
@@ -532,7 +532,7 @@ def context_after_overflow(
     can be made, so the rejected payload is never resent."""
     assert sent.view is not None
     calibration_overflow(
-        model_id=spec.id,
+        model_id=spec.calibration_key,
         raw_estimate=sent.view.raw_tokens,
         measured=overflow.measured_tokens,
         limit=overflow.limit,
@@ -767,7 +767,9 @@ def usage_observe(*, spec: ModelSpec, context: ContextResult, usage: Any) -> Non
     if usage is None or not usage.input_tokens or context.view is None:
         return
     calibration_observe(
-        model_id=spec.id, raw_estimate=context.view.raw_tokens, measured=usage.input_tokens
+        model_id=spec.calibration_key,
+        raw_estimate=context.view.raw_tokens,
+        measured=usage.input_tokens,
     )
     if context.record is not None:
         record_measured(record=context.record, input_tokens=usage.input_tokens)

@@ -183,7 +183,9 @@ class ReactiveTests(TestCase):
         # Every request after it fit the provider's window with room to spare.
         after = log[log.index(rejected[0]) + 1 :]
         assert after and all((r.prompt_tokens or 0) < 4000 for r in after)
-        calibration = ModelCalibration.objects.get(model="openai/liar")
+        calibration = ModelCalibration.objects.get(
+            model=resolve_model("openai/liar").calibration_key
+        )
         assert calibration.reported_limit == 4000 and calibration.factor >= 1.0
         record = CompactionRecord.objects.get(conversation=conv, trigger="reactive")
         assert record.status == "ready" and [r["rung"] for r in record.rungs] == ["summary"]

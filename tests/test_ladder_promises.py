@@ -26,6 +26,7 @@ from compaction.estimate import Calibration
 from compaction.models import CompactionRecord, ModelCalibration
 from conversations import services
 from conversations.models import Blob, Conversation, Message
+from conversations.providers import resolve_model
 from conversations.providers.fake import FakeLLMServer, Step, count_openai_request
 from tests.builders import grow, make_user, snapshot_page_blobs, text
 from tests.fake_models import serve_fake_models
@@ -244,7 +245,8 @@ class CalibrationTests(Base):
         self.chat(conv, "Hi!")
         [request] = FAKE.requests
         assert request.body.get("tools")  # three tools were sent and must be counted
-        factor = ModelCalibration.objects.get(model="openai/test").factor
+        key = resolve_model("openai/test").calibration_key
+        factor = ModelCalibration.objects.get(model=key).factor
         assert 0.8 <= factor <= 1.3, factor
 
     def test_a_small_request_moves_less_than_a_large_one(self) -> None:

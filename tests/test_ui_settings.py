@@ -134,3 +134,29 @@ class CalibrationHistoryTests(TestCase):
         page = self.client.get("/settings/").content.decode()
         assert 'id="calibration"' in page and "anthropic/claude-sonnet-4-5" in page
         assert "overflow: estimated 1000, counted 250000, window 200000" in page
+        # The page's title is its title (the calibration table once leaked into it).
+        assert "<title>Settings · Arbor</title>" in page
+        assert page.count('id="calibration"') == 1
+
+    def test_one_model_at_two_endpoints_keeps_two_calibrations(self) -> None:
+        from compaction import services as compaction
+        from conversations.providers import resolve_model
+
+        # The endpoint is the one the provider client would use: OPENAI_BASE_URL here.
+        with mock.patch.dict("os.environ", {"OPENAI_BASE_URL": "http://127.0.0.1:11434/v1"}):
+            local = resolve_model("openai/gpt-4o-mini").calibration_key
+        with mock.patch.dict("os.environ", {"OPENAI_BASE_URL": ""}):
+            hosted = resolve_model("openai/gpt-4o-mini").calibration_key
+        assert local == "openai/gpt-4o-mini @ 127.0.0.1:11434/v1"
+        assert hosted == "openai/gpt-4o-mini @ api.openai.com/v1"
+        # The local server counts 1.2x what Arbor estimates; the hosted one 0.9x.
+        for _ in range(10):
+            compaction.calibration_observe(model_id=local, raw_estimate=20_000, measured=24_000)
+            compaction.calibration_observe(model_id=hosted, raw_estimate=20_000, measured=18_000)
+        local_factor = compaction.calibration_get(local)[0].factor
+        hosted_factor = compaction.calibration_get(hosted)[0].factor
+        assert local_factor > 1.1 and hosted_factor < 0.95, (local_factor, hosted_factor)
+        self.client.force_login(make_user("ops"))
+        page = self.client.get("/settings/").content.decode()
+        assert "openai/gpt-4o-mini @ 127.0.0.1:11434/v1" in page
+        assert "openai/gpt-4o-mini @ api.openai.com/v1" in page

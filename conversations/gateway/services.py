@@ -560,7 +560,7 @@ def forward_build(
         # Nothing stored to anchor a record on: the request itself is the transcript.
         exchange_store(placement=placement, exchange=exchange, answer=None)
     archived, pending = _prepared(placement, exchange)
-    calibration, reported = compaction.calibration_get(spec.id)
+    calibration, reported = compaction.calibration_get(spec.calibration_key)
     budget = compaction.model_budget(spec, reported)
     target = step_target(exchange, spec, budget, calibration)
     common = dict(
@@ -669,7 +669,7 @@ def usage_learn(*, spec: ModelSpec, raw_estimate: int, input_tokens: int | None)
     """The upstream's count of a request whose raw estimate we know."""
     if input_tokens:
         compaction.calibration_observe(
-            model_id=spec.id, raw_estimate=raw_estimate, measured=input_tokens
+            model_id=spec.calibration_key, raw_estimate=raw_estimate, measured=input_tokens
         )
 
 

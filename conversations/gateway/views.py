@@ -293,7 +293,7 @@ def _prepare(protocol: Protocol, secret: str, headers: dict[str, str], raw: byte
     placement = services.placement_find(
         user=user, exchange=exchange, conversation_id=headers.get(services.CONVERSATION_HEADER)
     )
-    calibration, reported = _calibration(spec.id)
+    calibration, reported = _calibration(spec.calibration_key)
     raw_estimate = exchange.raw_tokens(spec.image_billing)
     budget = compaction.model_budget(spec, reported)
     prep = Prepared(protocol, spec, exchange, placement, raw_estimate, raw)
@@ -341,7 +341,7 @@ def _recover(prep: Prepared, overflow: ContextOverflow) -> bytes | None:
     except ContextOverflow:
         return None
     finally:
-        _CALIBRATIONS.pop(prep.spec.id, None)  # the overflow taught the estimator
+        _CALIBRATIONS.pop(prep.spec.calibration_key, None)  # the overflow taught the estimator
     body = _compacted_body(prep.protocol, prep.exchange, prep.spec, forward)
     if body in prep.attempts:
         return None  # never resend a rejected payload
@@ -364,7 +364,7 @@ def _finish(prep: Prepared, answer: dict[str, Any], metadata: dict[str, Any]) ->
     )
     if prep.learn or prep.forward is not None:
         services.usage_learn(spec=prep.spec, raw_estimate=sent_raw, input_tokens=measured)
-        _CALIBRATIONS.pop(prep.spec.id, None)
+        _CALIBRATIONS.pop(prep.spec.calibration_key, None)
     services.record_measured(prep.forward, measured)
     metadata = {**metadata, "gateway_forwarded": _forwarded_summary(prep)}
     services.exchange_store(
@@ -573,7 +573,7 @@ def _count(protocol: Protocol, user: Any, body: dict[str, Any], headers: dict[st
         )
     except wire.WireError as exc:
         raise ArborError(str(exc), code="invalid_messages") from None
-    calibration: Calibration = compaction.calibration_get(spec.id)[0]
+    calibration: Calibration = compaction.calibration_get(spec.calibration_key)[0]
     return calibration.apply(exchange.raw_tokens(spec.image_billing))
 
 

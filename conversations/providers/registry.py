@@ -68,6 +68,19 @@ class ModelSpec:
     max_tokens_param: str | None = None
 
     @property
+    def calibration_key(self) -> str:
+        """The estimator's calibration is kept per model *and* deployment: one model id
+        served by two endpoints (a local server and a hosted one) may count tokens its
+        own way. The endpoint is the base URL the provider client will use."""
+        url = (
+            self.base_url
+            or os.environ.get(_BASE_URL_ENV.get(self.provider, ""), "")
+            or _DEFAULT_ENDPOINTS.get(self.provider, "")
+        )
+        endpoint = url.split("://", 1)[-1].rstrip("/")
+        return f"{self.id} @ {endpoint}"[:200] if endpoint else self.id
+
+    @property
     def notice(self) -> str | None:
         """A line the UI shows next to the model name, or None."""
         if self.fake:
@@ -75,6 +88,11 @@ class ModelSpec:
         if self.assumed:
             return ASSUMED_NOTICE
         return None
+
+
+# Where a provider's client goes without a declared base URL (as the SDKs do).
+_BASE_URL_ENV = {"openai": "OPENAI_BASE_URL", "anthropic": "ANTHROPIC_BASE_URL"}
+_DEFAULT_ENDPOINTS = {"openai": "api.openai.com/v1", "anthropic": "api.anthropic.com"}
 
 
 @dataclass(frozen=True)
