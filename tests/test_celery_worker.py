@@ -322,6 +322,33 @@ class ImportWorkerDeathTests(TransactionTestCase):
         assert not job.upload
         assert worker.poll() is None
 
+    def test_the_whole_worker_killed_mid_import(self) -> None:
+        user = make_user("importer")
+        first = start_worker(pool="prefork")
+        self.addCleanup(stop, first)
+        job = services.import_job_create(
+            owner=user, upload=SimpleUploadedFile("export.json", chatgpt_export(400))
+        )
+        wait_for(
+            "the first conversations",
+            lambda: ImportJob.objects.get(pk=job.pk).conversations_done >= 3,
+            first,
+            90,
+        )
+        stop(first)  # kill -9 of the worker and its pool process
+        assert ImportJob.objects.get(pk=job.pk).state == "running"
+        # The next worker to start sweeps: the import's process is gone.
+        second = start_worker(pool="prefork")
+        self.addCleanup(stop, second)
+        wait_for("the job to end", lambda: ImportJob.objects.get(pk=job.pk).state != "running",
+                 second, 60)  # fmt: skip
+        job.refresh_from_db()
+        assert job.state == "failed" and job.error.startswith("interrupted"), job.error
+        kept = job.report["conversation_ids"]
+        assert Conversation.objects.filter(owner=user).count() == len(kept) >= 3
+        counts = [Message.objects.filter(conversation_id=c).count() for c in kept]
+        assert counts == [30] * len(kept)
+
 
 class PrivateRedis:
     """A Redis of the test's own on a free loopback port, without persistence, that the
