@@ -7,6 +7,7 @@ talks to it through the official SDKs, exactly as it would talk to a real provid
 from __future__ import annotations
 
 import json
+import random
 import signal
 import subprocess
 import sys
@@ -347,6 +348,51 @@ class CrashTests(TransactionTestCase):
         child.send_signal(signal.SIGKILL)
         child.wait(10)
         self.assert_previous_turn_and_retry()
+
+    def test_killed_at_random_moments(self) -> None:
+        """kill -9 at moments drawn over a whole turn (a tool call, its tool, a streamed
+        answer): each run ends either exactly at the previous turn, then retried, or
+        with the whole turn when the kill came after its commit; never in between."""
+        rng = random.Random(20261202)
+        outcomes = []
+        for run in range(6):
+            FAKE.clear()
+            self.conv, _ = new_conversation(self.user, "plan a trip>sure")
+            self.before = list(
+                Message.objects.filter(conversation=self.conv).values_list("id", flat=True)
+            )
+            # About a second from the first request to the last byte.
+            FAKE.push(
+                Step(tool_calls=[{"name": "current_time", "arguments": {}, "id": f"t{run}"}],
+                     delay=0.3),
+                Step.reply("Ferry booked for the morning crossing. " * 6, delay=0.4),
+            )  # fmt: skip
+            child = self.spawn()
+            self.wait_for(lambda: len(FAKE.requests) >= 1, "the first request", child)
+            time.sleep(rng.uniform(0.0, 1.6))
+            if child.poll() is None:
+                child.send_signal(signal.SIGKILL)
+            child.wait(10)
+            # Whatever the moment, the database holds the previous turn or the whole new
+            # one (a kill after the commit, before the process ended).
+            committed = Message.objects.filter(conversation=self.conv).count() > len(self.before)
+            if committed:
+                self.conv.refresh_from_db()
+                path = selectors.message_path(conversation_id=self.conv.pk, tip_id=self.conv.tip_id)
+                assert [m.role for m in path] == [
+                    "user", "assistant", "user", "assistant", "tool", "assistant",
+                ]  # fmt: skip
+                assert path[-1].parts == text("Ferry booked for the morning crossing. " * 6)
+                attempt = TurnAttempt.objects.get(conversation=self.conv)
+                assert attempt.status == "completed"
+                assert self.api.post(f"/api/conversations/{self.conv.pk}/retry").status_code == 409
+            else:
+                FAKE.clear()  # the killed turn's unused script
+                self.assert_previous_turn_and_retry()
+            outcomes.append("whole" if committed else "killed")
+        # The draws cover both sides of the commit (fixed seed: the same every run,
+        # though where the commit falls depends on the machine).
+        assert "killed" in outcomes, outcomes
 
 
 class LeaseTests(TransactionTestCase):
