@@ -7,21 +7,27 @@ answers 507 and a read-only one 503, with a reason, and nothing half-written is 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import random
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client, TestCase, override_settings
 from PIL import Image
 
+from compaction.models import CompactionRecord
 from conversations import services
-from conversations.models import Blob, ImportJob
-from tests.builders import make_user
+from conversations.models import Blob, Conversation, ImportJob
+from conversations.providers.fake import FakeLLMServer
+from tests.builders import grow, make_user
+from tests.fake_models import serve_fake_models
 
 
 def noisy_png(seed: int, size: int = 280) -> bytes:
@@ -35,7 +41,9 @@ def noisy_png(seed: int, size: int = 280) -> bytes:
     return buffer.getvalue()
 
 
-class MediaStoreFaultTests(TestCase):
+class TmpfsStore(TestCase):
+    """The media root on a tmpfs of ``size_kb``, and a user with an API client."""
+
     size_kb = 400
 
     def setUp(self) -> None:
@@ -73,6 +81,8 @@ class MediaStoreFaultTests(TestCase):
     def files(self) -> list[str]:
         return sorted(str(p.relative_to(self.root)) for p in self.root.rglob("*") if p.is_file())
 
+
+class MediaStoreFaultTests(TmpfsStore):
     def test_a_full_store_answers_507_and_keeps_nothing_then_the_retry_is_whole(self) -> None:
         filler = self.fill(leave_kb=60)
         response = self.upload(self.image)
@@ -121,3 +131,53 @@ class MediaStoreFaultTests(TestCase):
         self.assertIn("full", response.content.decode())
         self.assertFalse(ImportJob.objects.exists())
         self.assertEqual(self.files(), ["filler"])
+
+
+VISION = "openai/vision"
+
+
+@pytest.fixture(scope="module")
+def vision_model() -> Iterator[None]:
+    with serve_fake_models(
+        FakeLLMServer(), extra={VISION: {"context_window": 4000, "vision": True}}
+    ):
+        yield
+
+
+@pytest.mark.usefixtures("vision_model")
+class RenderingOnAFullStoreTests(TmpfsStore):
+    """Compaction writes its snapshot pages to the same store: a full one fails the
+    compaction with the reason and keeps no record and no page file; once there is
+    room, the same compaction stores whole pages (a truncated page used to be reused
+    by every later compaction, failing each turn)."""
+
+    size_kb = 1024
+
+    def compact(self, conv: Conversation) -> Any:
+        return self.api.post(
+            f"/api/conversations/{conv.pk}/context", content_type="application/json"
+        )
+
+    def test_a_store_filled_during_rendering(self) -> None:
+        conv = services.conversation_create(owner=self.user, title="agent", model=VISION)
+        grow(conv, 10, result_chars=1200, error=True)
+        filler = self.fill(leave_kb=0)  # a 1-bit page is a few KB
+        response = self.compact(conv)
+        assert response.status_code == 507, response.content[:300]
+        body = response.json()
+        assert body["error"] == "storage_full" and "full" in body["detail"]
+        assert not CompactionRecord.objects.exists()
+        assert self.files() == ["filler"]  # no page, whole or cut, no temporary file
+
+        filler.unlink()
+        response = self.compact(conv)
+        assert response.status_code == 200, response.content
+        record = CompactionRecord.objects.get()
+        assert record.status == "ready"
+        pages = list(record.pages.select_related("blob"))
+        assert pages
+        for page in pages:
+            data = (self.root / page.blob.file.name).read_bytes()
+            assert hashlib.sha256(data).hexdigest() == page.blob.sha256
+            with Image.open(io.BytesIO(data)) as image:
+                assert image.size == (page.width, page.height)
