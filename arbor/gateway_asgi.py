@@ -1,0 +1,35 @@
+"""The gateway's own ASGI handler: Django's, without the site's middleware.
+
+A harness sends the gateway a request per model call, and waits for it. The site's
+middleware (sessions, CSRF, authentication, messages, security headers, CSP, htmx,
+login throttling) serves browsers; under ASGI each class-based one runs its hooks on a
+thread hop, which cost a gateway request ~9 ms before its view ran (bench_gateway). The
+gateway authenticates by token in its views, is CSRF-exempt and answers JSON or event
+streams, so it needs none of them. What it keeps: Django's request handling (URL
+resolution, the request signals that close database connections, exception to
+response), and ``private_pages`` (no-store and the Permissions-Policy on every answer),
+which is a plain async function.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.handlers.asgi import ASGIHandler
+from django.core.handlers.exception import convert_exception_to_response
+from django.utils.module_loading import import_string
+
+GATEWAY_MIDDLEWARE = ("arbor.middleware.private_pages",)
+
+
+class GatewayHandler(ASGIHandler):
+    def load_middleware(self, is_async: bool = False) -> None:
+        # What BaseHandler.load_middleware builds from settings.MIDDLEWARE, from ours.
+        assert is_async, "the gateway handler is ASGI only"
+        self._view_middleware: list[Any] = []
+        self._template_response_middleware: list[Any] = []
+        self._exception_middleware: list[Any] = []
+        handler = convert_exception_to_response(self._get_response_async)  # type: ignore[attr-defined]
+        for path in reversed(GATEWAY_MIDDLEWARE):
+            handler = convert_exception_to_response(import_string(path)(handler))
+        self._middleware_chain = handler
