@@ -84,6 +84,34 @@ def message_path(*, conversation_id: uuid.UUID, tip_id: uuid.UUID | None) -> lis
     return list(Message.objects.raw(sql, [_db_uuid(tip_id), _db_uuid(conversation_id)]))
 
 
+# The last ``limit`` messages of a path: the walk up from the tip stops after ``limit``
+# rows, so its cost does not grow with the path's depth.
+_PATH_TAIL_SQL = """
+WITH RECURSIVE path(id, parent_id, n) AS (
+    SELECT id, parent_id, 1 FROM {table} WHERE id = %s AND conversation_id = %s
+    UNION ALL
+    SELECT m.id, m.parent_id, p.n + 1 FROM {table} m JOIN path p ON m.id = p.parent_id
+    WHERE p.n < %s
+)
+SELECT {columns} FROM {table} JOIN path ON {table}.id = path.id
+ORDER BY {table}.depth
+"""
+
+
+def message_path_tail(
+    *, conversation_id: uuid.UUID, tip_id: uuid.UUID | None, limit: int
+) -> list[Message]:
+    """The last ``limit`` messages of the path root→tip (all of it when shorter), in one
+    query whose cost is the same at depth 100 and at depth 100,000. The first one's
+    ``depth`` is how many messages come before them."""
+    if tip_id is None or limit < 1:
+        return []
+    table = Message._meta.db_table
+    sql = _PATH_TAIL_SQL.format(table=table, columns=_message_columns(table))
+    params = [_db_uuid(tip_id), _db_uuid(conversation_id), limit]
+    return list(Message.objects.raw(sql, params))
+
+
 _SUBTREE_SQL = """
 WITH RECURSIVE sub(id) AS (
     SELECT id FROM {table} WHERE id = %s AND conversation_id = %s

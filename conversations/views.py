@@ -174,8 +174,13 @@ def _chat_context(
     leaf = conv.tip_id
     if focus is not None:
         leaf = selectors.message_branch_leaf(conversation=conv, message_id=focus)
-    path = selectors.message_path(conversation_id=conv.pk, tip_id=leaf)
     earlier = later = 0
+    if focus is None and not request.GET.get("all"):
+        # The common case: the last window of the branch, read without the rest of it.
+        path = selectors.message_path_tail(conversation_id=conv.pk, tip_id=leaf, limit=CHAT_WINDOW)
+        earlier = path[0].depth if path else 0
+    else:
+        path = selectors.message_path(conversation_id=conv.pk, tip_id=leaf)
     if len(path) > CHAT_WINDOW and not request.GET.get("all"):
         earlier = len(path) - CHAT_WINDOW
         if focus is not None:

@@ -151,6 +151,49 @@ class MessagePathQueryTests(ChainTestCase):
         assert path == []
 
 
+class ChatWindowQueryTests(ChainTestCase):
+    """The chat page shows the last CHAT_WINDOW messages of a branch and reads only
+    those: the same queries, and the same rows, at depth 10 and at depth 5,000."""
+
+    def test_the_tail_of_a_path_in_one_query(self) -> None:
+        with self.assertNumQueries(1):
+            tail = selectors.message_path_tail(
+                conversation_id=self.deep.pk, tip_id=self.deep.tip_id, limit=300
+            )
+        assert [m.id for m in tail] == chain_ids(self.deep)[-300:]
+        assert tail[0].depth == DEEP - 300  # how many come before the window
+        whole = selectors.message_path_tail(
+            conversation_id=self.shallow.pk, tip_id=self.shallow.tip_id, limit=300
+        )
+        assert [m.id for m in whole] == chain_ids(self.shallow)
+        assert (
+            selectors.message_path_tail(
+                conversation_id=self.shallow.pk, tip_id=self.deep.tip_id, limit=300
+            )
+            == []
+        )
+
+    def test_the_chat_page_reads_only_its_window(self) -> None:
+        from conversations.views import CHAT_WINDOW
+
+        self.client.force_login(self.user)
+        counts = []
+        for conv in self.conversations():
+            with CaptureQueriesContext(connection) as queries:
+                response = self.client.get(f"/c/{conv.pk}/")
+            assert response.status_code == 200
+            counts.append(len(queries))
+            body = response.content.decode()
+            shown = min(CHAT_WINDOW, SHALLOW if conv is self.shallow else DEEP)
+            assert body.count('class="msg ') == shown, body.count('class="msg ')
+            # The path read is bounded by the window, whatever the depth.
+            path_reads = [q["sql"] for q in queries if "WITH RECURSIVE" in q["sql"]]
+            assert path_reads and all(f"p.n < {CHAT_WINDOW}" in sql for sql in path_reads)
+        assert counts[0] == counts[1], counts
+        deep = self.client.get(f"/c/{self.deep.pk}/").content.decode()
+        assert f"Show the {DEEP - CHAT_WINDOW} earlier messages" in deep
+
+
 class TipMoveQueryTests(ChainTestCase):
     def test_it_moves_the_tip_in_one_query_whatever_the_depth(self) -> None:
         for conv in self.conversations():
