@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -20,10 +19,11 @@ from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db import connections, transaction
+from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from arbor.heartbeat import Heartbeat
 from arbor.procs import process_gone, process_identity
 from compaction.estimate import Calibration, Limits, as_message, iter_images, message_tokens
 from compaction.ladder import (
@@ -950,35 +950,17 @@ def job_claim(*, job_id: Any, lease_seconds: int | None = None) -> CompactionJob
     )
 
 
-class _JobLease:
+def _job_lease(job: CompactionJob) -> Heartbeat:
     """Renews a running job's lease on a timer while its work goes on (a long OCR, a
     slow summary call): the lease stays short, so a worker that dies is noticed within
     one lease, while a live one is never taken for dead."""
-
-    def __init__(self, job: CompactionJob) -> None:
-        self.job_id, self.worker = job.pk, job.worker
-        self.lease = timedelta(seconds=settings.ARBOR_JOB_LEASE_SECONDS)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="arbor-job-lease", daemon=True)
-
-    def __enter__(self) -> _JobLease:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.wait(self.lease.total_seconds() / 4):
-                CompactionJob.objects.filter(
-                    pk=self.job_id, state=JobState.RUNNING, worker=self.worker
-                ).update(lease_until=timezone.now() + self.lease)
-        except Exception:
-            log.exception("renewing the lease of compaction job %s failed", self.job_id)
-        finally:
-            connections.close_all()  # this thread's own connection
+    lease = timedelta(seconds=settings.ARBOR_JOB_LEASE_SECONDS)
+    mine = CompactionJob.objects.filter(pk=job.pk, state=JobState.RUNNING, worker=job.worker)
+    return Heartbeat(
+        lambda: mine.update(lease_until=timezone.now() + lease),
+        lease.total_seconds() / 4,
+        name="arbor-job-lease",
+    )
 
 
 def jobs_sweep() -> dict[str, int]:
@@ -1022,7 +1004,7 @@ def job_run(*, job: CompactionJob) -> CompactionRecord | None:
 
     try:
         spec = resolve_model(job.model)
-        with _JobLease(job):
+        with _job_lease(job):
             result = context_build(
                 conversation=job.conversation,
                 spec=spec,

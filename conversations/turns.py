@@ -12,7 +12,6 @@ drains them for a plain JSON answer. One engine, two ways to watch it.
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,9 +19,10 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from arbor.heartbeat import Heartbeat
 from arbor.procs import process_gone, process_identity
 from compaction import services as compaction
 from compaction.models import Trigger
@@ -114,35 +114,16 @@ def _attempt_finish(
     )
 
 
-class _Lease:
+def _lease(attempt: TurnAttempt) -> Heartbeat:
     """Keeps a running attempt's heartbeat fresh on a timer, whatever the model is doing:
     a model silent for minutes is still a turn in progress (retry refuses it), and a
     process that died stops renewing, so its attempt goes stale."""
-
-    def __init__(self, attempt: TurnAttempt) -> None:
-        self.attempt_id = attempt.pk
-        self.interval = max(0.1, settings.ARBOR_ATTEMPT_STALE_SECONDS / 4)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="arbor-lease", daemon=True)
-
-    def __enter__(self) -> _Lease:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.wait(self.interval):
-                TurnAttempt.objects.filter(pk=self.attempt_id, status=AttemptStatus.RUNNING).update(
-                    heartbeat_at=timezone.now()
-                )
-        except Exception:
-            pass
-        finally:
-            connections.close_all()  # this thread's own connection
+    running = TurnAttempt.objects.filter(pk=attempt.pk, status=AttemptStatus.RUNNING)
+    return Heartbeat(
+        lambda: running.update(heartbeat_at=timezone.now()),
+        settings.ARBOR_ATTEMPT_STALE_SECONDS / 4,
+        name="arbor-turn-lease",
+    )
 
 
 def _heartbeat(attempt: TurnAttempt) -> None:
@@ -256,7 +237,7 @@ def turn_events(
             raise NotFound(f"no such conversation: {conversation.pk}") from None
     yield {"event": "attempt", "attempt": str(attempt.pk), "model": spec.id, "notice": spec.notice}
     finished = False
-    lease = _Lease(attempt).__enter__()
+    lease = _lease(attempt).__enter__()
     try:
         turn: list[dict[str, Any]] = [{"role": "user", "parts": user_parts}] if user_parts else []
         tool_specs = tools_for(conversation)

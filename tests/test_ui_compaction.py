@@ -674,7 +674,7 @@ class JobLeaseTests(TransactionTestCase):
         claimed = compaction.job_claim(job_id=job.pk)
         assert claimed is not None and claimed.lease_until is not None
         first = claimed.lease_until
-        with compaction._JobLease(claimed):
+        with compaction._job_lease(claimed):
             time.sleep(1.6)
         job.refresh_from_db()
         assert job.lease_until is not None

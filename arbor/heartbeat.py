@@ -1,0 +1,46 @@
+"""A write repeated on a timer while some long work runs: the lease of a turn or a job.
+
+The work (a model call silent for minutes, an OCR pass) gives no signal of life of its
+own, so a thread renews the row every ``interval`` seconds until the block ends; a
+process that dies stops renewing, and its row goes stale for whoever looks next.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from django.db import connections
+
+log = logging.getLogger("arbor.heartbeat")
+
+
+class Heartbeat:
+    """``with Heartbeat(renew, interval):`` calls ``renew()`` every ``interval`` seconds
+    on a thread of its own (with its own database connection) until the block ends."""
+
+    def __init__(self, renew: Callable[[], object], interval: float, *, name: str) -> None:
+        self.renew = renew
+        self.interval = max(0.1, interval)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self.interval):
+                self.renew()
+        except Exception:
+            # The next look at the row finds it stale: the work is taken for dead and
+            # may be taken over, never lost.
+            log.exception("renewing %s failed", self._thread.name)
+        finally:
+            connections.close_all()  # this thread's own connection
