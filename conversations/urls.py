@@ -19,6 +19,7 @@ urlpatterns = [
     path("c/<str:cid>/m/<str:mid>/select/", views.message_select, name="select"),
     path("c/<str:cid>/m/<str:mid>/fork/", views.message_fork, name="fork"),
     path("c/<str:cid>/m/<str:mid>/text/", views.message_text, name="message_text"),
+    path("c/<str:cid>/history/", views.conversation_history, name="history"),
     path("c/<str:cid>/tree/", views.tree, name="tree"),
     path("c/<str:cid>/compare/", views.compare, name="compare"),
     path("c/<str:cid>/checkpoints/", views.checkpoints, name="checkpoints"),

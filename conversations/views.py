@@ -68,7 +68,11 @@ from conversations.web import (
     signed_in_user,
 )
 
-CHAT_WINDOW = 300  # messages the chat view shows before "show earlier"
+CHAT_WINDOW = 300  # messages a chat view around a search hit (or ?all=1 past it) shows
+# The chat opens with the last CHAT_FIRST messages of the branch; scrolling up loads
+# CHAT_CHUNK more at a time (HTMX "revealed"), each read without the rest of the path.
+CHAT_FIRST = 50
+CHAT_CHUNK = 50
 FOCUS_CONTEXT = 20  # messages shown above a search hit that lies before the window
 MESSAGE_HITS = 20  # message search hits a page of the conversation list shows
 
@@ -166,34 +170,14 @@ def conversation_delete(request: HttpRequest, cid: str) -> HttpResponse:
 # --- chat ----------------------------------------------------------------------------
 
 
-def _chat_context(
-    request: HttpRequest, conv: Conversation, notice: str = "", focus: uuid.UUID | None = None
-) -> dict[str, Any]:
-    """The chat view of the current branch or, given a ``focus`` message off it, of the
-    branch through that message (shown only: the tip stays where it is)."""
-    leaf = conv.tip_id
-    if focus is not None:
-        leaf = selectors.message_branch_leaf(conversation=conv, message_id=focus)
-    earlier = later = 0
-    if focus is None and not request.GET.get("all"):
-        # The common case: the last window of the branch, read without the rest of it.
-        path = selectors.message_path_tail(conversation_id=conv.pk, tip_id=leaf, limit=CHAT_WINDOW)
-        earlier = path[0].depth if path else 0
-    else:
-        path = selectors.message_path(conversation_id=conv.pk, tip_id=leaf)
-    if len(path) > CHAT_WINDOW and not request.GET.get("all"):
-        earlier = len(path) - CHAT_WINDOW
-        if focus is not None:
-            # The window moves back to the message asked for, with some context above
-            # it; the messages below the window are counted, not shown.
-            at = next(i for i, m in enumerate(path) if m.id == focus)
-            earlier = min(earlier, max(0, at - FOCUS_CONTEXT))
-            later = len(path) - earlier - CHAT_WINDOW
-        path = path[earlier : earlier + CHAT_WINDOW]
+def _chat_rows(
+    conv: Conversation, path: list[Message]
+) -> tuple[list[dict[str, Any]], list[Conversation]]:
+    """What the chat shows beside each message of ``path`` (its versions, checkpoints,
+    forks and sub-agent runs), and the conversation's forks."""
     siblings = selectors.sibling_positions(conversation=conv, messages=path)
     checkpoints: dict[uuid.UUID, list[Checkpoint]] = defaultdict(list)
-    all_checkpoints = list(selectors.checkpoint_list(conversation=conv))
-    for cp in all_checkpoints:
+    for cp in selectors.checkpoint_list(conversation=conv):
         checkpoints[cp.message_id].append(cp)
     forks: dict[uuid.UUID, list[Conversation]] = defaultdict(list)
     spawned: dict[uuid.UUID, list[Conversation]] = defaultdict(list)
@@ -220,6 +204,34 @@ def _chat_context(
                 "spawned": spawned.get(m.id, []),
             }
         )
+    return rows, fork_list
+
+
+def _chat_context(
+    request: HttpRequest, conv: Conversation, notice: str = "", focus: uuid.UUID | None = None
+) -> dict[str, Any]:
+    """The chat view of the current branch or, given a ``focus`` message off it, of the
+    branch through that message (shown only: the tip stays where it is)."""
+    leaf = conv.tip_id
+    if focus is not None:
+        leaf = selectors.message_branch_leaf(conversation=conv, message_id=focus)
+    earlier = later = 0
+    if focus is None and not request.GET.get("all"):
+        # The common case: the last messages of the branch, read without the rest of it.
+        path = selectors.message_path_tail(conversation_id=conv.pk, tip_id=leaf, limit=CHAT_FIRST)
+        earlier = path[0].depth if path else 0
+    else:
+        path = selectors.message_path(conversation_id=conv.pk, tip_id=leaf)
+    if len(path) > CHAT_WINDOW and not request.GET.get("all"):
+        earlier = len(path) - CHAT_WINDOW
+        if focus is not None:
+            # The window moves back to the message asked for, with some context above
+            # it; the messages below the window are counted, not shown.
+            at = next(i for i, m in enumerate(path) if m.id == focus)
+            earlier = min(earlier, max(0, at - FOCUS_CONTEXT))
+            later = len(path) - earlier - CHAT_WINDOW
+        path = path[earlier : earlier + CHAT_WINDOW]
+    rows, fork_list = _chat_rows(conv, path)
     origin = spawner = None
     if conv.forked_from_id or conv.spawned_by_id:
         above = [i for i in (conv.forked_from_id, conv.spawned_by_id) if i]
@@ -230,6 +242,7 @@ def _chat_context(
         "conversation": conv,
         "rows": rows,
         "earlier": earlier,
+        "first": path[0].id if path else None,
         "later": later,
         "tip": conv.tip_id,
         "leaf": leaf,
@@ -275,6 +288,31 @@ def conversation_detail(request: HttpRequest, cid: str) -> HttpResponse:
     focus = message_or_404(conv, request.GET["m"]).pk if "m" in request.GET else None
     return render_page_or_fragment(
         request, "conversations/detail.html", "chat", _chat_context(request, conv, focus=focus)
+    )
+
+
+@login_required
+@require_GET
+def conversation_history(request: HttpRequest, cid: str) -> HttpResponse:
+    """The CHAT_CHUNK messages of the branch just above ``?before=<message>`` (the first
+    one the chat shows), as chat rows, with the marker that loads the ones above them:
+    the chat loads its history a chunk at a time as it is scrolled up."""
+    conv = conversation_or_404(request, cid)
+    before = message_or_404(conv, request.GET.get("before", ""))
+    path = selectors.message_path_tail(
+        conversation_id=conv.pk, tip_id=before.parent_id, limit=CHAT_CHUNK
+    )
+    rows, _ = _chat_rows(conv, path)
+    return render(
+        request,
+        "conversations/detail.html#history",
+        {
+            "conversation": conv,
+            "rows": rows,
+            "tip": conv.tip_id,
+            "earlier": path[0].depth if path else 0,
+            "first": path[0].id if path else None,
+        },
     )
 
 

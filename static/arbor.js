@@ -207,4 +207,49 @@
       event.detail.isError = false;
     }
   });
+  // A chat opens at its latest message, and loads its history a chunk at a time as it
+  // is scrolled up: the marker above the first message shown asks for the chunk before
+  // it when it comes into view (only after the first scroll to the bottom, so opening
+  // the page does not load every chunk at once).
+  var earlierObserver = null;
+  function watchEarlier(root) {
+    if (!earlierObserver || !window.htmx) return;
+    var markers = root.querySelectorAll ? root.querySelectorAll("[data-earlier]") : [];
+    if (root.matches && root.matches("[data-earlier]")) markers = [root];
+    Array.prototype.forEach.call(markers, function (marker) { earlierObserver.observe(marker); });
+  }
+  function openAtLatest() {
+    var path = document.getElementById("path");
+    if (!path) return;
+    var focused = /[?&]m=/.test(window.location.search) || window.location.hash;
+    var last = path.querySelector("li.msg:last-of-type");
+    // The page's end: the last message sits just above the composer, not behind it.
+    if (!focused && last) window.scrollTo(0, document.documentElement.scrollHeight);
+    if ("IntersectionObserver" in window) {
+      earlierObserver = new IntersectionObserver(function (entries) {
+        entries.forEach(function (entry) {
+          if (!entry.isIntersecting) return;
+          earlierObserver.unobserve(entry.target);
+          window.htmx.trigger(entry.target, "arbor:more");
+        });
+      }, { rootMargin: "600px 0px 0px 0px" });
+      window.setTimeout(function () { watchEarlier(document); }, 0);
+    }
+  }
+  document.addEventListener("DOMContentLoaded", openAtLatest);
+  document.addEventListener("htmx:load", function (event) { watchEarlier(event.target); });
+  // Earlier messages arrive above the ones in view: keep those where the reader left
+  // them (the browser's own scroll anchoring does nothing at the very top of a page).
+  var kept = null;
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    var marker = event.detail.target;
+    if (!marker || !marker.hasAttribute || !marker.hasAttribute("data-earlier")) return;
+    var below = marker.nextElementSibling;
+    kept = below ? { element: below, top: below.getBoundingClientRect().top } : null;
+  });
+  document.addEventListener("htmx:afterSwap", function () {
+    if (!kept) return;
+    window.scrollBy(0, kept.element.getBoundingClientRect().top - kept.top);
+    kept = null;
+  });
 })();

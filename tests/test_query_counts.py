@@ -8,6 +8,7 @@ the services.
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -174,7 +175,7 @@ class ChatWindowQueryTests(ChainTestCase):
         )
 
     def test_the_chat_page_reads_only_its_window(self) -> None:
-        from conversations.views import CHAT_WINDOW
+        from conversations.views import CHAT_CHUNK, CHAT_FIRST
 
         self.client.force_login(self.user)
         counts = []
@@ -184,14 +185,47 @@ class ChatWindowQueryTests(ChainTestCase):
             assert response.status_code == 200
             counts.append(len(queries))
             body = response.content.decode()
-            shown = min(CHAT_WINDOW, SHALLOW if conv is self.shallow else DEEP)
+            shown = min(CHAT_FIRST, SHALLOW if conv is self.shallow else DEEP)
             assert body.count('class="msg ') == shown, body.count('class="msg ')
             # The path read is bounded by the window, whatever the depth.
             path_reads = [q["sql"] for q in queries if "WITH RECURSIVE" in q["sql"]]
-            assert path_reads and all(f"p.n < {CHAT_WINDOW}" in sql for sql in path_reads)
+            assert path_reads and all(f"p.n < {CHAT_FIRST}" in sql for sql in path_reads)
         assert counts[0] == counts[1], counts
         deep = self.client.get(f"/c/{self.deep.pk}/").content.decode()
-        assert f"Show the {DEEP - CHAT_WINDOW} earlier messages" in deep
+        assert f"Show the {DEEP - CHAT_FIRST} earlier messages" in deep
+        # Scrolling up asks for the chunk above the first message shown, and so on up
+        # to the root; each chunk costs the same queries.
+        ids = chain_ids(self.deep)
+        first = ids[-CHAT_FIRST]
+        assert f"/c/{self.deep.pk}/history/?before={first}" in deep
+        chunk_counts = []
+        for _ in range(2):
+            with CaptureQueriesContext(connection) as queries:
+                chunk = self.client.get(f"/c/{self.deep.pk}/history/?before={first}")
+            chunk_counts.append(len(queries))
+            html = chunk.content.decode()
+            at = ids.index(first)
+            expected = ids[at - CHAT_CHUNK : at]
+            assert re.findall(r'<li id="msg-([0-9a-f-]+)"', html) == [str(i) for i in expected]
+            assert f"Show the {at - CHAT_CHUNK} earlier messages" in html
+            first = expected[0]
+        assert chunk_counts[0] == chunk_counts[1]
+        top = self.client.get(f"/c/{self.shallow.pk}/history/?before={chain_ids(self.shallow)[3]}")
+        html = top.content.decode()
+        assert re.findall(r'<li id="msg-([0-9a-f-]+)"', html) == [
+            str(i) for i in chain_ids(self.shallow)[:3]
+        ]
+        assert "earlier messages" not in html  # the root is shown: nothing above it
+        # Another user's conversation, or a message of another conversation: 404.
+        assert (
+            self.client.get(
+                f"/c/{self.shallow.pk}/history/?before={chain_ids(self.deep)[5]}"
+            ).status_code
+            == 404
+        )
+        assert self.client.get(f"/c/{self.shallow.pk}/history/?before=nope").status_code == 404
+        self.client.force_login(make_user("stranger"))
+        assert self.client.get(f"/c/{self.deep.pk}/history/?before={ids[100]}").status_code == 404
 
 
 class TipMoveQueryTests(ChainTestCase):
