@@ -42,6 +42,7 @@ from conversations.models import (
     CheckpointState,
     Conversation,
     ImportJob,
+    Message,
     Origin,
     Role,
     TurnAttempt,
