@@ -7,8 +7,9 @@ thread hop, which cost a gateway request ~9 ms before its view ran (bench_gatewa
 gateway authenticates by token in its views, is CSRF-exempt and answers JSON or event
 streams, so it needs none of them. What it keeps: Django's request handling (URL
 resolution, the request signals that close database connections, exception to
-response), and ``private_pages`` (no-store and the Permissions-Policy on every answer),
-which is a plain async function.
+response), ``gateway_guard`` (the Host header checked against ALLOWED_HOSTS, nosniff)
+and ``private_pages`` (no-store and the Permissions-Policy on every answer), both plain
+async functions.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.exception import convert_exception_to_response
 from django.utils.module_loading import import_string
 
-GATEWAY_MIDDLEWARE = ("arbor.middleware.private_pages",)
+GATEWAY_MIDDLEWARE = ("arbor.middleware.gateway_guard", "arbor.middleware.private_pages")
 
 
 class GatewayHandler(ASGIHandler):

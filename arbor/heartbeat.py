@@ -37,10 +37,12 @@ class Heartbeat:
     def _run(self) -> None:
         try:
             while not self._stop.wait(self.interval):
-                self.renew()
-        except Exception:
-            # The next look at the row finds it stale: the work is taken for dead and
-            # may be taken over, never lost.
-            log.exception("renewing %s failed", self._thread.name)
+                try:
+                    self.renew()
+                except Exception:
+                    # One failed write (a lock held too long, a dropped connection) must
+                    # not end the renewals: a fresh connection, and the next beat.
+                    log.exception("renewing %s failed; trying again", self._thread.name)
+                    connections.close_all()
         finally:
             connections.close_all()  # this thread's own connection

@@ -112,3 +112,28 @@ def _private(request: HttpRequest, response: HttpResponse) -> HttpResponse:
     if private and not response.has_header("Cache-Control"):
         response["Cache-Control"] = "no-store"
     return response
+
+
+@sync_and_async_middleware
+def gateway_guard(get_response: Callable[[HttpRequest], Any]) -> Callable[..., Any]:
+    """What the gateway's lean handler keeps of the site's security middleware: the Host
+    header checked against ALLOWED_HOSTS (a 400, as the site answers) and ``nosniff`` on
+    every answer (upstream error bodies are relayed with the upstream's content type)."""
+
+    def guarded(request: HttpRequest, response: HttpResponse) -> HttpResponse:
+        response.setdefault("X-Content-Type-Options", "nosniff")
+        return response
+
+    if iscoroutinefunction(get_response):
+
+        async def async_middleware(request: HttpRequest) -> HttpResponse:
+            request.get_host()  # DisallowedHost: a 400
+            return guarded(request, await get_response(request))
+
+        return async_middleware
+
+    def middleware(request: HttpRequest) -> HttpResponse:
+        request.get_host()
+        return guarded(request, get_response(request))
+
+    return middleware

@@ -212,8 +212,9 @@ ARBOR_MAX_BLOB_BYTES = env_int("ARBOR_MAX_BLOB_BYTES", 10 * 1024 * 1024)
 # user may have waiting or running at once.
 ARBOR_IMPORT_MAX_UPLOAD_BYTES = env_int("ARBOR_IMPORT_MAX_UPLOAD_BYTES", 512 * 1024 * 1024)
 ARBOR_IMPORT_MAX_OPEN = env_int("ARBOR_IMPORT_MAX_OPEN", 3)
-# Compaction jobs ("Compact now", the context API's POST) a user may have waiting or
-# running at once; each can render and OCR many pages or call a model.
+# Compaction jobs ("Compact now"; a turn's proactive job is skipped, not refused) a user
+# may have waiting or running at once; each can render and OCR many pages or call a
+# model. The context API's POST compacts inside its own request instead.
 ARBOR_COMPACTION_MAX_OPEN = env_int("ARBOR_COMPACTION_MAX_OPEN", 3)
 ARBOR_MAX_IMAGE_PIXELS = env_int("ARBOR_MAX_IMAGE_PIXELS", 40_000_000)
 ARBOR_MAX_TURN_MESSAGES = env_int("ARBOR_MAX_TURN_MESSAGES", 200)

@@ -926,9 +926,15 @@ def job_claim(*, job_id: Any, lease_seconds: int | None = None) -> CompactionJob
         if not _stranded(job):
             assert job.lease_until is not None
             raise JobBusy(max(1.0, (job.lease_until - now).total_seconds() + 1))
-        # Taken again only from the dead worker it names (another delivery may have
-        # taken it a moment ago).
-        guard = Q(state=JobState.RUNNING, worker=job.worker, attempts=job.attempts)
+        # Taken again only from the dead worker it names, and only if its lease has not
+        # moved since it was read (another delivery may have taken it a moment ago; a
+        # live worker's renewal in between means it is not dead).
+        guard = Q(
+            state=JobState.RUNNING,
+            worker=job.worker,
+            attempts=job.attempts,
+            lease_until=job.lease_until,
+        )
         if job.attempts >= settings.ARBOR_JOB_MAX_ATTEMPTS:
             CompactionJob.objects.filter(guard, pk=job_id).update(
                 state=JobState.FAILED,
@@ -980,15 +986,20 @@ def jobs_sweep() -> dict[str, int]:
     for job in CompactionJob.objects.filter(state__in=[JobState.QUEUED, JobState.RUNNING]):
         if not _stranded(job):
             continue
-        # Touched, so that the next sweep waits a whole requeue time for this send.
-        CompactionJob.objects.filter(pk=job.pk, state=job.state).update(updated_at=now)
-        job_dispatch(run_compaction_job, str(job.pk))
-        sent += 1
+        # Touched (the next sweep waits a whole requeue time for this send) and sent,
+        # only if nobody took it since it was read.
+        if CompactionJob.objects.filter(
+            pk=job.pk, state=job.state, updated_at=job.updated_at
+        ).update(updated_at=now):
+            job_dispatch(run_compaction_job, str(job.pk))
+            sent += 1
     imports_sent = imports_ended = 0
     for item in ImportJob.objects.filter(state=ImportState.QUEUED, updated_at__lt=requeue):
-        ImportJob.objects.filter(pk=item.pk, state=ImportState.QUEUED).update(updated_at=now)
-        job_dispatch(run_import_job, str(item.pk))
-        imports_sent += 1
+        if ImportJob.objects.filter(
+            pk=item.pk, state=ImportState.QUEUED, updated_at=item.updated_at
+        ).update(updated_at=now):
+            job_dispatch(run_import_job, str(item.pk))
+            imports_sent += 1
     for item in ImportJob.objects.filter(state=ImportState.RUNNING):
         imports_ended += tree_services.import_job_sweep(item).state == ImportState.FAILED
     return {"compaction_sent": sent, "imports_sent": imports_sent, "imports_ended": imports_ended}
@@ -999,8 +1010,12 @@ def job_run(*, job: CompactionJob) -> CompactionRecord | None:
     it starts (the browser polls it) and the outcome at the end."""
     from conversations.providers import resolve_model
 
+    # Every write names this run (its worker and attempt): a run taken for dead and
+    # taken over must not overwrite what its successor writes.
+    mine = CompactionJob.objects.filter(pk=job.pk, worker=job.worker, attempts=job.attempts)
+
     def progress(stage: dict[str, Any]) -> None:
-        CompactionJob.objects.filter(pk=job.pk).update(progress=stage, updated_at=timezone.now())
+        mine.update(progress=stage, updated_at=timezone.now())
 
     try:
         spec = resolve_model(job.model)
@@ -1015,13 +1030,11 @@ def job_run(*, job: CompactionJob) -> CompactionRecord | None:
                 progress=progress,
             )
     except Exception as exc:
-        CompactionJob.objects.filter(pk=job.pk).update(
-            state=JobState.FAILED, error=f"{type(exc).__name__}: {exc}"
-        )
+        mine.update(state=JobState.FAILED, error=f"{type(exc).__name__}: {exc}")
         raise
     record = result.record
     failed = record is not None and record.status == RecordStatus.FAILED
-    CompactionJob.objects.filter(pk=job.pk).update(
+    mine.update(
         state=JobState.FAILED if failed else JobState.DONE,
         record=record,
         error=record.error if failed and record else "",

@@ -28,6 +28,7 @@ from django.db.models import Exists, F
 from django.utils import timezone
 from PIL import Image, UnidentifiedImageError
 
+from arbor.heartbeat import Heartbeat
 from arbor.procs import process_gone, process_identity
 from conversations import selectors
 from conversations.errors import (
@@ -900,23 +901,34 @@ def import_job_run(*, job_id: Any) -> None:
 
     def progress(report: Any) -> None:
         # What landed so far is on the row: an import interrupted midway says what it
-        # imported (import_job_sweep).
-        imported.append(str(report.id))
+        # imported (import_job_sweep). This runs inside the conversation's transaction:
+        # the id is kept only once the row's update went through with it.
+        ids = [*imported, str(report.id)]
         ImportJob.objects.filter(pk=job.pk).update(
             conversations_done=F("conversations_done") + 1,
             messages_done=F("messages_done") + (report.messages or 0),
-            report={"conversation_ids": imported},
+            report={"conversation_ids": ids},
             updated_at=timezone.now(),
         )
+        imported.append(str(report.id))
 
+    # Alive, said on a timer: a worker on another host that dies stops saying it, and
+    # import_job_sweep ends the job (a dead process on this host is seen at once).
+    alive = ImportJob.objects.filter(pk=job.pk, state=ImportState.RUNNING)
+    beat = Heartbeat(
+        lambda: alive.update(updated_at=timezone.now()),
+        IMPORT_STALE_SECONDS / 6,
+        name="arbor-import-lease",
+    )
     try:
-        report = transcript_import(
-            owner_id=job.owner_id,
-            path=job.upload.path,
-            format=job.format,
-            filename=job.filename,
-            progress=progress,
-        )
+        with beat:
+            report = transcript_import(
+                owner_id=job.owner_id,
+                path=job.upload.path,
+                format=job.format,
+                filename=job.filename,
+                progress=progress,
+            )
     except ArborError as exc:
         _import_upload_drop(job)
         ImportJob.objects.filter(pk=job.pk).update(
@@ -944,12 +956,20 @@ def _import_upload_drop(job: Any) -> None:
             job.upload.delete(save=False)
 
 
+# A running import says it is alive every IMPORT_STALE_SECONDS / 6 (import_job_run);
+# silent this long, its worker is taken for dead, wherever it ran.
+IMPORT_STALE_SECONDS = 180
+
+
 def import_job_sweep(job: Any) -> Any:
     """A running import whose process is gone (killed, restarted) is marked failed, with
     the conversations it imported before it stopped; returns the job as it now is."""
     from conversations.models import ImportState
 
-    if job.state != ImportState.RUNNING or not job.worker or not process_gone(job.worker):
+    if job.state != ImportState.RUNNING or not job.worker:
+        return job
+    stale = timezone.now() - job.updated_at > timedelta(seconds=IMPORT_STALE_SECONDS)
+    if not (process_gone(job.worker) or stale):
         return job
     done = job.conversations_done
     job.error = (

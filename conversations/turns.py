@@ -360,18 +360,22 @@ def turn_events(
                         }
                         continue
                 turn.append({"role": "tool", "parts": results})
-        result = services.turn_append(
-            conversation=conversation,
-            parent_id=parent_id,
-            expected_version=None,
-            messages=[
-                DraftMessage(role=m["role"], parts=m["parts"], metadata=m.get("metadata", {}))
-                for m in turn
-            ],
-            # After a rewind the turn continues below the digest: an ordinary turn.
-            origin=Origin.TURN if persisted else origin,
-        )
-        _attempt_finish(attempt, status=AttemptStatus.COMPLETED, tip=result.tip)
+        # The turn and its attempt's "completed" commit together: a process killed
+        # between the two would leave a whole turn whose attempt looks interrupted, and
+        # retry would run it again.
+        with transaction.atomic():
+            result = services.turn_append(
+                conversation=conversation,
+                parent_id=parent_id,
+                expected_version=None,
+                messages=[
+                    DraftMessage(role=m["role"], parts=m["parts"], metadata=m.get("metadata", {}))
+                    for m in turn
+                ],
+                # After a rewind the turn continues below the digest: an ordinary turn.
+                origin=Origin.TURN if persisted else origin,
+            )
+            _attempt_finish(attempt, status=AttemptStatus.COMPLETED, tip=result.tip)
         finished = True
         compaction.compaction_enqueue_if_due(
             conversation=conversation,

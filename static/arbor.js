@@ -221,7 +221,11 @@
   function openAtLatest() {
     var path = document.getElementById("path");
     if (!path) return;
-    var focused = /[?&]m=/.test(window.location.search) || window.location.hash;
+    var navigation = window.performance && performance.getEntriesByType
+      ? performance.getEntriesByType("navigation")[0] : null;
+    // A search hit, an anchor, or Back to a page read before: the browser's place wins.
+    var focused = /[?&]m=/.test(window.location.search) || window.location.hash ||
+      (navigation && navigation.type === "back_forward");
     var last = path.querySelector("li.msg:last-of-type");
     // The page's end: the last message sits just above the composer, not behind it.
     if (!focused && last) window.scrollTo(0, document.documentElement.scrollHeight);
@@ -244,8 +248,12 @@
   document.addEventListener("htmx:beforeSwap", function (event) {
     var marker = event.detail.target;
     if (!marker || !marker.hasAttribute || !marker.hasAttribute("data-earlier")) return;
+    if (!event.detail.shouldSwap) return;  // an error answer: nothing arrives
     var below = marker.nextElementSibling;
     kept = below ? { element: below, top: below.getBoundingClientRect().top } : null;
+  });
+  document.addEventListener("htmx:afterRequest", function (event) {
+    if (kept && event.detail && event.detail.failed) kept = null;
   });
   document.addEventListener("htmx:afterSwap", function () {
     if (!kept) return;

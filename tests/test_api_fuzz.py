@@ -79,9 +79,8 @@ EXAMPLES = 25
 # - positive_data_acceptance: a schema-valid request may rightly be refused (an id nobody
 #   has is a 404, a stale expected_version a 409, parts are validated beyond the schema).
 # - negative_data_rejection: it judges a request by the label given at generation
-#   (schema-valid or not), which Steer below invalidates by putting real values in;
-#   and ninja reads a JSON body that is not an object (null, [], 5) as an object with
-#   no fields, so routes whose fields all have defaults rightly accept it.
+#   (schema-valid or not), which Steer below invalidates by putting real values in.
+#   (A body that is not a JSON object is refused with a 400: tests/test_api_bad_input.)
 CHECKS = [
     not_a_server_error,
     content_type_conformance,

@@ -75,3 +75,23 @@ class BodyLimitTests(TransactionTestCase):
     def test_a_body_within_the_limit_goes_through(self) -> None:
         status, _, _ = self.gateway.call("POST", "/login/", {"x": "y" * 1000})
         self.assertNotEqual(status, 413)
+
+    def test_the_gateways_lean_handler_checks_the_host_and_sends_nosniff(self) -> None:
+        # The gateway skips the site's middleware (arbor/gateway_asgi.py) but not these.
+        def head(host: str) -> bytes:
+            request = (
+                f"GET /gateway/openai/v1/models HTTP/1.1\r\nHost: {host}\r\n"
+                "Connection: close\r\n\r\n"
+            ).encode()
+            with socket.create_connection(("127.0.0.1", self.gateway.port), timeout=30) as sock:
+                sock.sendall(request)
+                data = b""
+                while piece := sock.recv(65536):
+                    data += piece
+            return data.partition(b"\r\n\r\n")[0].lower()
+
+        assert head("evil.example").startswith(b"http/1.1 400")
+        answer = head("127.0.0.1")
+        assert answer.startswith(b"http/1.1 401")  # no token: the provider-shaped 401
+        assert b"x-content-type-options: nosniff" in answer
+        assert b"permissions-policy:" in answer

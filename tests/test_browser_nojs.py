@@ -40,7 +40,8 @@ class NoJavaScriptTests(LayoutTestCase):
         assert checkpoint.count() == 1
         self.assert_links_are_real()
         checkpoint.locator("a").first.click()
-        page.wait_for_url(f"**/c/{c}/#msg-{self.answer}")
+        # The chat around that message, however far up the branch it is.
+        page.wait_for_url(f"**/c/{c}/?m={self.answer}#msg-{self.answer}")
 
         # The tree: collapsed branches are links to that branch in the chat view.
         page.click(".conv-nav a:has-text('Tree')")

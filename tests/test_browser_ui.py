@@ -208,7 +208,8 @@ class TreeToolsTests(BrowserTestCase):
         page.wait_for_selector("text=Forked from")
         fork = Conversation.objects.get(title="Forked here")
         assert page.url.endswith(f"/c/{fork.pk}/")
-        page.click(f"a[href='/c/{self.conv.pk}/#msg-{self.nodes['the slow brown fox'].pk}']")
+        origin = self.nodes["the slow brown fox"].pk
+        page.click(f"a[href='/c/{self.conv.pk}/?m={origin}#msg-{origin}']")
         page.wait_for_selector(f"a.badge.fork[href='/c/{fork.pk}/']")
         page.goto(self.url("/"))
         assert "fork of" in page.inner_text(f"#conv-{fork.pk}")

@@ -78,7 +78,7 @@ class ClaudeCodeProjectTests(TestCase):
         html = self.client.get(reverse("conversations:detail", args=[main.pk])).content.decode()
         self.assertIn(f'class="badge subagent" href="/c/{sub.pk}/"', html)
         html = self.client.get(reverse("conversations:detail", args=[sub.pk])).content.decode()
-        self.assertIn(f'href="/c/{main.pk}/#msg-{call_message.pk}"', html)
+        self.assertIn(f'href="/c/{main.pk}/?m={call_message.pk}#msg-{call_message.pk}"', html)
         self.assertIn("Sub-agent run started by the call", html)
 
     def test_the_committed_project_links_the_sub_agent_to_its_call(self) -> None:

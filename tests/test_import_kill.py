@@ -87,3 +87,34 @@ class ImportKillTests(TransactionTestCase):
         for conversation in kept:
             self.assertEqual(Message.objects.filter(conversation=conversation).count(), 30)
         self.assertTrue(set(job.report["conversation_ids"]) <= {str(c.pk) for c in kept})
+
+
+class ImportOnAnotherHostTests(TransactionTestCase):
+    """A worker on another host cannot be checked for life from here: its import says
+    it is alive on a timer, and one silent past IMPORT_STALE_SECONDS is ended."""
+
+    def test_a_silent_import_of_another_host_is_ended_and_a_live_one_is_not(self) -> None:
+        import datetime
+
+        from django.utils import timezone
+
+        from conversations import services
+
+        user = make_user()
+        live = ImportJob.objects.create(
+            owner=user, filename="a.json", state=ImportState.RUNNING,
+            worker="another-host:4242:99",
+        )  # fmt: skip
+        silent = ImportJob.objects.create(
+            owner=user, filename="b.json", state=ImportState.RUNNING,
+            worker="another-host:4243:99", conversations_done=7,
+        )  # fmt: skip
+        long_ago = timezone.now() - datetime.timedelta(seconds=services.IMPORT_STALE_SECONDS + 5)
+        ImportJob.objects.filter(pk=silent.pk).update(updated_at=long_ago)
+        silent.refresh_from_db()
+        assert services.import_job_sweep(live).state == ImportState.RUNNING
+        swept = services.import_job_sweep(silent)
+        assert swept.state == ImportState.FAILED
+        assert "after 7 conversations" in swept.error
+        assert ImportJob.objects.get(pk=silent.pk).state == ImportState.FAILED
+        assert ImportJob.objects.get(pk=live.pk).state == ImportState.RUNNING

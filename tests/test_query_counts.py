@@ -153,7 +153,7 @@ class MessagePathQueryTests(ChainTestCase):
 
 
 class ChatWindowQueryTests(ChainTestCase):
-    """The chat page shows the last CHAT_WINDOW messages of a branch and reads only
+    """The chat page shows the last CHAT_FIRST messages of a branch and reads only
     those: the same queries, and the same rows, at depth 10 and at depth 5,000."""
 
     def test_the_tail_of_a_path_in_one_query(self) -> None:

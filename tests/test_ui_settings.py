@@ -148,6 +148,9 @@ class CalibrationHistoryTests(TestCase):
         with mock.patch.dict("os.environ", {"OPENAI_BASE_URL": ""}):
             hosted = resolve_model("openai/gpt-4o-mini").calibration_key
         assert local == "openai/gpt-4o-mini @ 127.0.0.1:11434/v1"
+        with mock.patch.dict("os.environ", {"OPENAI_BASE_URL": "https://u:secret@llm.internal/v1"}):
+            keyed = resolve_model("openai/gpt-4o-mini").calibration_key
+        assert keyed == "openai/gpt-4o-mini @ llm.internal/v1"  # no credentials shown
         assert hosted == "openai/gpt-4o-mini @ api.openai.com/v1"
         # The local server counts 1.2x what Arbor estimates; the hosted one 0.9x.
         for _ in range(10):

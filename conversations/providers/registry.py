@@ -33,6 +33,7 @@ import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from conversations.providers.billing import BILLING_RULES
 
@@ -77,7 +78,11 @@ class ModelSpec:
             or os.environ.get(_BASE_URL_ENV.get(self.provider, ""), "")
             or _DEFAULT_ENDPOINTS.get(self.provider, "")
         )
-        endpoint = url.split("://", 1)[-1].rstrip("/")
+        # Host, port and path only: never a user:password@ part (settings shows keys).
+        parts = urlsplit(url if "://" in url else f"//{url}")
+        host = parts.hostname or ""
+        endpoint = f"{host}:{parts.port}" if parts.port else host
+        endpoint = (endpoint + parts.path).rstrip("/")
         return f"{self.id} @ {endpoint}"[:200] if endpoint else self.id
 
     @property
