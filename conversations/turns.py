@@ -114,6 +114,14 @@ def _attempt_finish(
     )
 
 
+def _drafts(messages: list[dict[str, Any]]) -> list[DraftMessage]:
+    """The turn in memory as the drafts turn_append writes."""
+    return [
+        DraftMessage(role=m["role"], parts=m["parts"], metadata=m.get("metadata", {}))
+        for m in messages
+    ]
+
+
 def _lease(attempt: TurnAttempt) -> Heartbeat:
     """Keeps a running attempt's heartbeat fresh on a timer, whatever the model is doing:
     a model silent for minutes is still a turn in progress (retry refuses it), and a
@@ -368,10 +376,7 @@ def turn_events(
                 conversation=conversation,
                 parent_id=parent_id,
                 expected_version=None,
-                messages=[
-                    DraftMessage(role=m["role"], parts=m["parts"], metadata=m.get("metadata", {}))
-                    for m in turn
-                ],
+                messages=_drafts(turn),
                 # After a rewind the turn continues below the digest: an ordinary turn.
                 origin=Origin.TURN if persisted else origin,
             )
@@ -514,10 +519,7 @@ def _model_rewind(
                 conversation=conversation,
                 parent_id=turn_start,
                 expected_version=None,
-                messages=[
-                    DraftMessage(role=m["role"], parts=m["parts"], metadata=m.get("metadata", {}))
-                    for m in abandoned
-                ],
+                messages=_drafts(abandoned),
                 ends_in_rewind=True,
             )
             rewound = services.rewind(conversation=conversation, label=str(label), digest=digest)
