@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import socket
+import subprocess
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -205,3 +207,10 @@ def calls_and_answers(path: list[Message]) -> list[tuple[list[str], list[str]]]:
             run.extend(p["call_id"] for p in below.parts if p["type"] == "tool_result")
         out.append((sorted(made), sorted(run)))
     return out
+
+
+def gone_process() -> str:
+    """The identity (arbor.procs) of a process of this host that has exited."""
+    done = subprocess.Popen(["true"])
+    done.wait()
+    return f"{socket.gethostname()}:{done.pid}:1"

@@ -40,9 +40,9 @@ BROKER = "redis://127.0.0.1:6379/14"
 FAKE = FakeLLMServer(context_window=4000)
 
 
-def redis_available() -> bool:
+def redis_available(url: str = BROKER) -> bool:
     try:
-        return bool(redis.Redis.from_url(BROKER, socket_connect_timeout=1).ping())
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
     except redis.RedisError:
         return False
 
@@ -75,15 +75,8 @@ class CeleryWorkerTests(TransactionTestCase):
 
     def setUp(self) -> None:
         self._use_broker(self, BROKER)
-        env = dict(child_env(), CELERY_BROKER_URL=BROKER)
-        self.worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "arbor", "worker", "--pool", "solo",
-             "--concurrency", "1", "--loglevel", "WARNING", "--without-heartbeat",
-             "--without-gossip", "--without-mingle"],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        self.addCleanup(self.worker.wait, 20)
-        self.addCleanup(self.worker.terminate)
+        self.worker = start_worker()
+        self.addCleanup(stop, self.worker)
 
     @staticmethod
     def _reset_pools() -> None:
@@ -101,16 +94,8 @@ class CeleryWorkerTests(TransactionTestCase):
         outcome = turn_run(conversation=conv, parts=text(question))
         job = CompactionJob.objects.get(conversation=conv)
         assert job.anchor_id == outcome.tip and job.trigger == "proactive"
-        deadline = time.monotonic() + 90
-        while True:
-            job.refresh_from_db()
-            if job.state in ("done", "failed"):
-                break
-            if self.worker.poll() is not None or time.monotonic() > deadline:
-                self.worker.kill()  # so that reading its output cannot block
-                output = self.worker.communicate(timeout=10)[0].decode()
-                raise AssertionError(f"the worker did not finish the job ({job.state}): {output}")
-            time.sleep(0.2)
+        wait_for("the job to end", lambda: _state(job) in ("done", "failed"), self.worker, 90)
+        job.refresh_from_db()
         assert job.state == "done", job.error
         assert job.attempts == 1
         assert job.record_id is not None
@@ -137,18 +122,9 @@ class CeleryWorkerTests(TransactionTestCase):
         job = services.import_job_create(
             owner=user, upload=SimpleUploadedFile("session.jsonl", data), format="pi"
         )
-        deadline = time.monotonic() + 120
-        while True:
-            job.refresh_from_db()
-            if job.state in ("done", "failed"):
-                break
-            if self.worker.poll() is not None or time.monotonic() > deadline:
-                self.worker.kill()
-                output = self.worker.communicate(timeout=10)[0].decode()
-                raise AssertionError(
-                    f"the worker did not finish the import ({job.state}): {output}"
-                )
-            time.sleep(0.2)
+        ended = ("done", "failed")
+        wait_for("the import to end", lambda: _import_state(job) in ended, self.worker, 120)
+        job.refresh_from_db()
         assert job.state == "done", job.error
         assert job.conversations_done == 1 and job.messages_done == 1007
         conversation_id = job.report["conversation_ids"][0]
@@ -288,6 +264,10 @@ def _state(job: CompactionJob) -> str:
     return CompactionJob.objects.values_list("state", flat=True).get(pk=job.pk)
 
 
+def _import_state(job: ImportJob) -> str:
+    return ImportJob.objects.values_list("state", flat=True).get(pk=job.pk)
+
+
 class ImportWorkerDeathTests(TransactionTestCase):
     """kill -9 in the middle of a 400-conversation import: the job ends as interrupted,
     with what it kept, each kept conversation whole and nothing else written."""
@@ -311,7 +291,7 @@ class ImportWorkerDeathTests(TransactionTestCase):
     def assert_interrupted_with_what_it_kept(
         self, job: ImportJob, worker: subprocess.Popen[bytes]
     ) -> None:
-        wait_for("the job to end", lambda: ImportJob.objects.get(pk=job.pk).state != "running",
+        wait_for("the job to end", lambda: _import_state(job) != "running",
                  worker, 60)  # fmt: skip
         job.refresh_from_db()
         assert job.state == "failed" and job.error.startswith("interrupted"), job.error
@@ -362,8 +342,7 @@ class PrivateRedis:
              "--appendonly", "no"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=1)
-        wait_for("redis", lambda: _pings(client), None, 20)
+        wait_for("redis", lambda: redis_available(self.url), None, 20)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -373,13 +352,6 @@ class PrivateRedis:
     def restart(self) -> None:
         self.stop()
         self.start()
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
 
 
 class BrokerRestartTests(JobScene):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime
 import http.client
-import socket
 import subprocess
 import sys
 import time
@@ -18,18 +17,11 @@ from django.utils import timezone
 from compaction.models import CompactionJob, JobState
 from conversations import services
 from conversations.models import ImportJob, ImportState
-from tests.builders import grow, make_user
+from tests.builders import gone_process, grow, make_user
 from tests.fake_models import child_env
 from tests.test_asgi_streaming import ROOT, free_port
 
 MODEL = "openai/gpt-4o-mini"
-
-
-def gone_process() -> str:
-    """The identity of a process of this host that has exited."""
-    done = subprocess.Popen(["true"])
-    done.wait()
-    return f"{socket.gethostname()}:{done.pid}:1"
 
 
 class StartupSweepTests(TransactionTestCase):

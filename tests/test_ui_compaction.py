@@ -9,8 +9,6 @@ import datetime
 import io
 import json
 import re
-import socket
-import subprocess
 import threading
 import time
 import uuid
@@ -41,7 +39,7 @@ from conversations import services
 from conversations.models import Checkpoint, Conversation
 from conversations.providers import resolve_model
 from conversations.providers.fake import FakeLLMServer
-from tests.builders import grow, make_user, new_conversation, tool_turn
+from tests.builders import gone_process, grow, make_user, new_conversation, tool_turn
 from tests.fake_models import serve_fake_models
 from tests.test_ui_pages import png_bytes
 
@@ -740,13 +738,10 @@ class StrandedJobTests(TestCase):
     def test_a_job_whose_worker_process_is_gone_is_taken_at_once(self) -> None:
         # The lease still holds, but the pool process that took the job is gone from
         # this host (killed): a redelivery takes it without waiting for the lease.
-        dead = subprocess.Popen(["true"])
-        dead.wait()
         later = timezone.now() + datetime.timedelta(minutes=5)
         job = self.stuck(
-            state=JobState.RUNNING, attempts=1, lease_until=later,
-            worker=f"{socket.gethostname()}:{dead.pid}:1",
-        )  # fmt: skip
+            state=JobState.RUNNING, attempts=1, lease_until=later, worker=gone_process()
+        )
         job.refresh_from_db()
         assert compaction.job_stranded(job)
         claimed = compaction.job_claim(job_id=job.pk)
