@@ -19,10 +19,9 @@ from ninja.types import DictStrAny
 from compaction.api import router as compaction_router
 from conversations.api import router as tree_router
 from conversations.api_imports import router as imports_router
-from conversations.auth import api_auth
+from conversations.auth import BearerToken, api_auth
 from conversations.errors import ArborError
 from conversations.parts import NotJSON, strict_json
-from conversations.services import api_token_user
 
 
 def docs_access(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
@@ -39,10 +38,9 @@ def docs_access(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse
             )
         if mode == "signed-in" and not request.user.is_authenticated:
             user = None
-            header = request.headers.get("authorization", "")
-            if header.lower().startswith("bearer "):
-                with contextlib.suppress(ArborError):  # an expired token is not signed in
-                    user = api_token_user(secret=header[7:].strip())
+            # The API's own bearer check; an expired token is not signed in.
+            with contextlib.suppress(HttpError):
+                user = BearerToken()(request)
             if user is None:
                 if request.path.endswith("/docs"):
                     return redirect_to_login(request.get_full_path())

@@ -129,6 +129,10 @@ class ApiDocsTests(TestCase):
         assert docs["Location"].startswith("/login/?next=/api/docs")
         bearer = self.client.get("/api/openapi.json", HTTP_AUTHORIZATION=f"Bearer {self.secret}")
         assert bearer.status_code == 200
+        token, old = services.api_token_create(user=self.user, name="old")
+        ApiToken.objects.filter(pk=token.pk).update(expires_at=timezone.now())
+        expired = self.client.get("/api/openapi.json", HTTP_AUTHORIZATION=f"Bearer {old}")
+        assert expired.status_code == 401  # an expired token is not signed in
         assert "/api/conversations" in bearer.json()["paths"]
         self.client.force_login(self.user)
         assert self.client.get("/api/docs").status_code == 200
