@@ -22,7 +22,7 @@ from django.contrib.auth import get_user_model
 from compaction import services as compaction
 from compaction.models import ModelCalibration
 from conversations import services, turns
-from conversations.providers import make_provider
+from conversations.providers import make_provider, resolve_model
 from conversations.providers.fake import FakeLLMServer, Step
 
 BENCH_USERNAME = "__arbor_bench_calibration__"
@@ -37,7 +37,9 @@ ANSWER = (
 def run(turn_count: int = TURNS) -> dict[str, Any]:
     User = get_user_model()
     User.objects.filter(username=BENCH_USERNAME).delete()
-    ModelCalibration.objects.filter(model=MODEL).delete()
+    # Calibration is kept per model and deployment (ModelSpec.calibration_key).
+    key = resolve_model(MODEL).calibration_key
+    ModelCalibration.objects.filter(model=key).delete()
     user = User.objects.create_user(username=BENCH_USERNAME)
     fake = FakeLLMServer(context_window=1_000_000).start()
     pairs: list[tuple[int, int]] = []
@@ -64,7 +66,7 @@ def run(turn_count: int = TURNS) -> dict[str, Any]:
                 conversation=conv,
                 parts=[{"type": "text", "text": f"Step {n}: compute {expression} and explain."}],
             )
-        row = ModelCalibration.objects.get(model=MODEL)
+        row = ModelCalibration.objects.get(model=key)
     finally:
         turns.make_provider = original_make
         compaction.calibration_observe = original_observe
@@ -72,7 +74,7 @@ def run(turn_count: int = TURNS) -> dict[str, Any]:
         for owned in user.conversations.all():
             services.conversation_delete(conversation=owned)
         user.delete()
-        ModelCalibration.objects.filter(model=MODEL).delete()
+        ModelCalibration.objects.filter(model=key).delete()
     ratios = [measured / raw for raw, measured in pairs[-10:]]
     true_ratio = statistics.median(ratios)
     error = abs(row.factor - true_ratio) / true_ratio

@@ -262,3 +262,14 @@ class TestLimits:
         assert violation.limit == "request_bytes"
         assert violation.actual >= 4000
         assert check_limits(messages, Limits()) == []
+
+
+@pytest.mark.django_db
+def test_the_calibration_bench_runs_and_learns() -> None:
+    """``make bench``'s calibration figure, on a short chat with the loopback provider
+    (it once broke when calibration became per deployment, and no test ran it)."""
+    from compaction import bench_calibration
+
+    result = bench_calibration.run(turn_count=4)
+    assert result["requests"] >= 8  # a tool round and an answer per turn
+    assert 0.5 < result["factor"] < 2.0 and result["true_ratio"] > 0
