@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from django.conf import settings
-
 from conversations.errors import ArborError, InvalidInput
 from conversations.parts import MAX_ID_CHARS
 
@@ -39,11 +37,6 @@ class ImportTooLarge(ArborError):
     code = "import_too_large"
 
 
-def _limit(name: str, default: int) -> int:
-    value = getattr(settings, name, default)
-    return int(value)
-
-
 @dataclass(frozen=True)
 class Limits:
     """Size and count limits. Each can be overridden by a setting of the same name."""
@@ -56,19 +49,29 @@ class Limits:
     max_line_bytes: int
     max_part_chars: int
     max_metadata_bytes: int
+    # One image file of an export zip (a ChatGPT archive's images become blobs).
+    max_blob_bytes: int
 
     @classmethod
     def from_settings(cls) -> Limits:
+        # Django's settings are read here only, when a caller asks for them: the parsers
+        # take a Limits, so they import (and run in a script or a test) without Django.
+        from django.conf import settings
+
+        def _limit(name: str, default: int) -> int:
+            return int(getattr(settings, name, default))
+
         return cls(
             max_file_bytes=_limit("ARBOR_IMPORT_MAX_FILE_BYTES", 2 * 1024**3),
             max_conversations=_limit("ARBOR_IMPORT_MAX_CONVERSATIONS", 20_000),
             max_messages=_limit("ARBOR_IMPORT_MAX_MESSAGES", 200_000),
-            # JSON read as Python objects takes up to ~26× its size (tiny objects):
+            # JSON read as Python objects takes up to ~26x its size (tiny objects):
             # one document or line is bounded far below the file limit (files stream).
             max_document_bytes=_limit("ARBOR_IMPORT_MAX_DOCUMENT_BYTES", 32 * 1024**2),
             max_line_bytes=_limit("ARBOR_IMPORT_MAX_LINE_BYTES", 32 * 1024**2),
             max_part_chars=_limit("ARBOR_MAX_PART_CHARS", 2_000_000),
             max_metadata_bytes=_limit("ARBOR_IMPORT_MAX_METADATA_BYTES", 64 * 1024),
+            max_blob_bytes=_limit("ARBOR_MAX_BLOB_BYTES", 10 * 1024**2),
         )
 
 
@@ -282,7 +285,8 @@ def block_parts(
     parts: list[Part] = []
     for block in content if isinstance(content, list) else []:
         if isinstance(block, dict):
-            part = readers.get(block.get("type"), unknown)(block)  # type: ignore[arg-type]
+            kind: Any = block.get("type")  # whatever JSON value the file holds
+            part = readers.get(kind, unknown)(block)
             if part is not None:
                 parts.append(part)
     return parts

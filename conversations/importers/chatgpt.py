@@ -28,8 +28,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from django.conf import settings
-
 from conversations.importers.base import (
     ORIGINS,
     ConversationReport,
@@ -57,17 +55,27 @@ ARBOR_BLOB_PREFIX = "arbor-blob://"
 
 # An export zip's files (importers.archive): image pointer, byte limit → (bytes, name).
 Media = Callable[[str, int], tuple[bytes, str] | None]
+# The same with the limit bound: image pointer → (bytes, name), or None.
+ImageLookup = Callable[[str], tuple[bytes, str] | None]
 
 
 def parse(
     path: Path, *, report: ImportReport, limits: Limits, media: Media | None = None
 ) -> Iterator[SourceConversation]:
-    read = partial(conversation_from, media=media)
+    read = partial(conversation_from, images=_bounded(media, limits.max_blob_bytes))
     return parse_documents(path, report=report, limits=limits, read=read)
 
 
+def _bounded(media: Media | None, max_bytes: int) -> ImageLookup | None:
+    """The archive's lookup with the blob size limit bound, so the readers below only
+    ask for a pointer (and an image over the limit is simply not found)."""
+    if media is None:
+        return None
+    return lambda pointer: media(pointer, max_bytes)
+
+
 def conversation_from(
-    doc: Any, index: int, report: ImportReport, *, media: Media | None = None
+    doc: Any, index: int, report: ImportReport, *, images: ImageLookup | None = None
 ) -> SourceConversation | None:
     if not isinstance(doc, dict):
         report.skipped.add("corrupt_entry", f"conversation {index}", "not an object: skipped")
@@ -97,7 +105,7 @@ def conversation_from(
                 Node(key, parent_key, "system", [], order=order, skip="no message (a root node)")
             )
             continue
-        nodes.append(_node(key, parent_key, message, order, mapping, crep, media))
+        nodes.append(_node(key, parent_key, message, order, mapping, crep, images))
     tip = doc.get("current_node")
     aliases = _merge_results(nodes)
     return SourceConversation(
@@ -119,7 +127,7 @@ def _node(
     order: int,
     mapping: dict[str, Any],
     crep: ConversationReport,
-    media: Media | None,
+    images: ImageLookup | None,
 ) -> Node:
     author = as_dict(message.get("author"))
     role = as_str(author.get("role"))
@@ -128,15 +136,7 @@ def _node(
     node = Node(key, parent, role, [], order=order, created_at=created)
     arbor = meta.get("arbor")
     if isinstance(arbor, dict) and isinstance(arbor.get("parts"), list):
-        node.parts = [_arbor_part(p, key) for p in arbor["parts"]]
-        metadata = arbor.get("metadata")
-        node.metadata = dict(metadata) if isinstance(metadata, dict) else {}
-        node.metadata.setdefault("source", {"format": "chatgpt", "id": key})
-        if arbor.get("origin") in ORIGINS:
-            node.origin = arbor["origin"]
-        if role not in ("system", "user", "assistant", "tool"):
-            node.skip = f"unknown author role {role!r}"
-        return node
+        return _arbor_node(node, arbor)
 
     node.metadata = _metadata(key, message, meta)
     content = as_dict(message.get("content"))
@@ -144,44 +144,61 @@ def _node(
     if kind == "reasoning_recap":
         node.skip = "a reasoning recap (shown in the ChatGPT UI only)"
         return node
-    texts, images, thoughts = _content(content, kind, key, crep, media)
+    read = _content(content, kind, key, crep, images)
     sources = _sources(content, kind, meta)
     if sources:
         node.metadata["sources"] = sources
-    citations = _citations("".join(texts), meta)
+    citations = _citations("".join(read.texts), meta)
     if citations:
         node.metadata["citations"] = citations
     if kind in ("user_editable_context", "model_editable_context"):
         node.role = "system"
         node.metadata["hidden"] = True
         node.metadata["content_type"] = kind
+    _fill_parts(node, read, message, kind, mapping)
+    return node
+
+
+def _arbor_node(node: Node, arbor: dict[str, Any]) -> Node:
+    """A message Arbor exported: its exact parts, metadata and origin."""
+    node.parts = [_arbor_part(p, node.key) for p in arbor["parts"]]
+    metadata = arbor.get("metadata")
+    node.metadata = dict(metadata) if isinstance(metadata, dict) else {}
+    node.metadata.setdefault("source", {"format": "chatgpt", "id": node.key})
+    if arbor.get("origin") in ORIGINS:
+        node.origin = arbor["origin"]
+    if node.role not in ("system", "user", "assistant", "tool"):
+        node.skip = f"unknown author role {node.role!r}"
+    return node
+
+
+def _fill_parts(
+    node: Node, read: _Content, message: dict[str, Any], kind: str, mapping: dict[str, Any]
+) -> None:
+    """The message's parts for its role: an assistant message addressed to a tool is a
+    call, a tool message the result of the call above it."""
+    texts = [text_part(t) for t in read.texts]
     if node.role == "system":
-        node.parts = [text_part(t) for t in texts]
+        node.parts = texts
         if not node.parts:
             node.skip = "an empty system message"
-        return node
-    if node.role == "user":
-        node.parts = [text_part(t) for t in texts] + images
-        return node
-    if node.role == "assistant":
+    elif node.role == "user":
+        node.parts = texts + read.images
+    elif node.role == "assistant":
         recipient = as_str(message.get("recipient"))
         if recipient and recipient != "all":
-            node.parts = [tool_call_part(key, recipient, "\n".join(texts))]
+            node.parts = [tool_call_part(node.key, recipient, "\n".join(read.texts))]
             node.metadata["recipient"] = recipient
         else:
-            node.parts = thoughts + [text_part(t) for t in texts] + images
-        return node
-    if node.role == "tool":
-        call_id = _calling_node(parent, mapping) or key
-        node.metadata["tool_name"] = as_str(author.get("name"))
+            node.parts = read.thoughts + texts + read.images
+    elif node.role == "tool":
+        call_id = _calling_node(node.parent, mapping) or node.key
+        node.metadata["tool_name"] = as_str(as_dict(message.get("author")).get("name"))
         node.parts = [
-            tool_result_part(
-                call_id, [text_part(t) for t in texts] + images, is_error=kind == "system_error"
-            )
+            tool_result_part(call_id, texts + read.images, is_error=kind == "system_error")
         ]
-        return node
-    node.skip = f"unknown author role {role!r}"
-    return node
+    else:
+        node.skip = f"unknown author role {node.role!r}"
 
 
 def _metadata(key: str, message: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
@@ -202,70 +219,89 @@ def _metadata(key: str, message: dict[str, Any], meta: dict[str, Any]) -> dict[s
     return out
 
 
-def _content(
-    content: dict[str, Any],
-    kind: str,
-    key: str,
-    crep: ConversationReport,
-    media: Media | None = None,
-) -> tuple[list[str], list[Part], list[Part]]:
-    texts: list[str] = []
-    images: list[Part] = []
-    thoughts: list[Part] = []
+class _Content:
+    """What one message's content reads as: texts, images and thoughts, with what was
+    left out reported on the conversation."""
 
-    def item(value: Any) -> None:
+    def __init__(
+        self, key: str, kind: str, crep: ConversationReport, images: ImageLookup | None
+    ) -> None:
+        self.key = key
+        self.kind = kind
+        self.crep = crep
+        self.lookup = images
+        self.texts: list[str] = []
+        self.images: list[Part] = []
+        self.thoughts: list[Part] = []
+
+    def item(self, value: Any) -> None:
+        """One item of ``parts`` (or a single text field): a string, an image pointer or
+        a typed object."""
         if isinstance(value, str):
             if value:
-                texts.append(value)
+                self.texts.append(value)
             return
         if not isinstance(value, dict):
             if value is not None:
-                texts.append(json_text(value))
+                self.texts.append(json_text(value))
             return
         sub = value.get("content_type")
         if sub == "image_asset_pointer":
-            pointer = as_str(value.get("asset_pointer"))
-            if pointer.startswith(ARBOR_BLOB_PREFIX):
-                images.append(image_ref_part(pointer[len(ARBOR_BLOB_PREFIX) :], f"node {key}"))
-                return
-            found = media(pointer, settings.ARBOR_MAX_BLOB_BYTES) if media and pointer else None
-            if found is not None:
-                data, name = found
-                images.append(image_data_part(data, mimetypes.guess_type(name)[0], f"node {key}"))
-                return
-            size = f" {value.get('width')}x{value.get('height')}" if value.get("width") else ""
-            where = "not in the archive" if media else "not in conversations.json"
-            texts.append(f"[image {pointer or 'without a pointer'}{size}: {where}]")
-            crep.repaired.add(
-                "image_missing",
-                f"node {key}",
-                f"image {pointer} is a separate file of the export"
-                + (" that the archive does not hold (or is over the size limit)" if media else "")
-                + ": a placeholder was kept",
-            )
+            self.image(value)
         elif isinstance(value.get("text"), str):
             if value["text"]:
-                texts.append(value["text"])
+                self.texts.append(value["text"])
         else:
-            crep.repaired.add(
-                "content_dropped", f"node {key}", f"a {sub or 'non-text'} item was left out"
+            self.crep.repaired.add(
+                "content_dropped", f"node {self.key}", f"a {sub or 'non-text'} item was left out"
             )
 
-    if kind in ("text", "multimodal_text") or "parts" in content:
+    def image(self, value: dict[str, Any]) -> None:
+        """An image pointer: a blob Arbor exported, a file of the export zip, or (when
+        neither holds it) a placeholder naming it."""
+        where = f"node {self.key}"
+        pointer = as_str(value.get("asset_pointer"))
+        if pointer.startswith(ARBOR_BLOB_PREFIX):
+            self.images.append(image_ref_part(pointer[len(ARBOR_BLOB_PREFIX) :], where))
+            return
+        found = self.lookup(pointer) if self.lookup and pointer else None
+        if found is not None:
+            data, name = found
+            self.images.append(image_data_part(data, mimetypes.guess_type(name)[0], where))
+            return
+        size = f" {value.get('width')}x{value.get('height')}" if value.get("width") else ""
+        held = "not in the archive" if self.lookup else "not in conversations.json"
+        self.texts.append(f"[image {pointer or 'without a pointer'}{size}: {held}]")
+        self.crep.repaired.add(
+            "image_missing",
+            where,
+            f"image {pointer} is a separate file of the export"
+            + (" that the archive does not hold (or is over the size limit)" if self.lookup else "")
+            + ": a placeholder was kept",
+        )
+
+    # -- one reader per content type (``_BY_KIND``) --
+
+    def parts(self, content: dict[str, Any]) -> None:
         parts = content.get("parts")
         for value in parts if isinstance(parts, list) else []:
-            item(value)
-    elif kind == "code":
-        item(as_str(content.get("text")))
-    elif kind == "thoughts":
+            self.item(value)
+
+    def code(self, content: dict[str, Any]) -> None:
+        self.item(as_str(content.get("text")))
+
+    def reasoning(self, content: dict[str, Any]) -> None:
         for thought in content.get("thoughts") or []:
             if isinstance(thought, dict):
                 body = "\n".join(
                     s for s in (as_str(thought.get("summary")), as_str(thought.get("content"))) if s
                 )
                 if body:
-                    thoughts.append(thinking_part(body))
-    elif kind == "user_editable_context":
+                    self.thoughts.append(thinking_part(body))
+
+    def user_context(self, content: dict[str, Any]) -> None:
+        # Custom instructions: both fields in one text (the hidden system message).
+        texts: list[str] = []
         for label, field in (
             ("User profile", "user_profile"),
             ("Instructions", "user_instructions"),
@@ -273,24 +309,49 @@ def _content(
             value = as_str(content.get(field)).strip()
             if value:
                 texts.append(f"{label}:\n{value}")
-        texts = ["\n\n".join(texts)] if texts else []
-    elif kind == "model_editable_context":
-        item(as_str(content.get("model_set_context")))
-    else:
+        self.texts = ["\n\n".join(texts)] if texts else []
+
+    def model_context(self, content: dict[str, Any]) -> None:
+        self.item(as_str(content.get("model_set_context")))
+
+    def other(self, content: dict[str, Any]) -> None:
+        """Any other content type: its first text-like field, or reported as dropped."""
         for field in ("text", "result", "summary"):
             if isinstance(content.get(field), str) and content[field]:
-                texts.append(content[field])
-                break
-        else:
-            crep.repaired.add(
-                "content_dropped", f"node {key}", f"content type {kind!r} is not supported"
-            )
+                self.texts.append(content[field])
+                return
+        self.crep.repaired.add(
+            "content_dropped", f"node {self.key}", f"content type {self.kind!r} is not supported"
+        )
+
+
+_BY_KIND: dict[str, Callable[[_Content, dict[str, Any]], None]] = {
+    "text": _Content.parts,
+    "multimodal_text": _Content.parts,
+    "code": _Content.code,
+    "thoughts": _Content.reasoning,
+    "user_editable_context": _Content.user_context,
+    "model_editable_context": _Content.model_context,
+}
+
+
+def _content(
+    content: dict[str, Any],
+    kind: str,
+    key: str,
+    crep: ConversationReport,
+    images: ImageLookup | None = None,
+) -> _Content:
+    read = _Content(key, kind, crep, images)
+    # Any content type holding ``parts`` is read as parts, whatever its name.
+    reader = _Content.parts if "parts" in content else _BY_KIND.get(kind, _Content.other)
+    reader(read, content)
     dropped = _left_out_fields(content, kind)
     if dropped:
         crep.repaired.add(
             "content_dropped", f"node {key}", f"{kind} fields left out: {', '.join(dropped)}"
         )
-    return texts, images, thoughts
+    return read
 
 
 # Content fields read for each content type; anything else is reported as left out.

@@ -337,9 +337,31 @@ class _Reader:
 
     def conversations(self) -> Iterator[SourceConversation]:
         if self.ignored:
-            listed = ", ".join(f"{k} ×{n}" for k, n in sorted(self.ignored.items()))
+            listed = ", ".join(
+                f"{k} \N{MULTIPLICATION SIGN}{n}" for k, n in sorted(self.ignored.items())
+            )
             self.report.skipped.add("not_a_message", "file", f"records without a uuid: {listed}")
         main = [n for n in self.nodes if not self.sidechain[n.key]]
+        self._chain_in_file_order(main)
+        side = self._sidechains()
+        title = self._title(main)
+        tasks = _task_calls(main)
+        if main:
+            report = ConversationReport(source_id=self.session_id)
+            yield SourceConversation(
+                source_id=self.session_id,
+                title=title or preview_text(first_text(main)) or "Claude Code session",
+                nodes=main,
+                report=report,
+                aliases=self.aliases,
+                created_at=min((n.created_at for n in main if n.created_at), default=None),
+            )
+        for root_key, nodes in side.items():
+            yield self._sub_agent(root_key, nodes, tasks)
+
+    def _chain_in_file_order(self, main: list[Node]) -> None:
+        """A file where no message names its parent (written by another tool) is one
+        line of history, in file order."""
         messages = [n for n in main if n.skip is None]
         if len(messages) > 1 and all(n.parent is None for n in messages):
             for before, node in itertools.pairwise(messages):
@@ -349,11 +371,19 @@ class _Reader:
                 "file",
                 f"no record names its parent: the {len(messages)} messages are read in file order",
             )
+
+    def _sidechains(self) -> dict[str, list[Node]]:
+        """The sidechain nodes, grouped by the sidechain root each belongs to."""
         side: dict[str, list[Node]] = {}
         memo: dict[str, str] = {}
         for node in self.nodes:
             if self.sidechain[node.key]:
                 side.setdefault(self._root_of(node.key, memo), []).append(node)
+        return side
+
+    def _title(self, main: list[Node]) -> str:
+        """The first summary naming a message of the main conversation; summaries that
+        name a message of another session (files copied from one another) are reported."""
         main_keys = {n.key for n in main} | {a for a, t in self.aliases.items() if t in self.by_key}
         used_summaries: set[str] = set()
         title = ""
@@ -367,46 +397,41 @@ class _Reader:
                 f"summary for {leaf}",
                 "it names a message that is not in this file (from another session): not used",
             )
-        tasks = _task_calls(main)
-        if main:
-            report = ConversationReport(source_id=self.session_id)
-            yield SourceConversation(
-                source_id=self.session_id,
-                title=title or preview_text(first_text(main)) or "Claude Code session",
-                nodes=main,
-                report=report,
-                aliases=self.aliases,
-                created_at=min((n.created_at for n in main if n.created_at), default=None),
-            )
-        for root_key, nodes in side.items():
-            root = self.by_key[root_key]
-            if root.parent is not None:
-                root.metadata["branched_from"] = root.parent
-                root.parent = None
-            prompt = first_text([root]) if root.role == "user" else ""
-            call = tasks.get(prompt.strip())
-            spawned_by = None
-            agent = self.agent_ids.get(root_key)
-            if agent:
-                # Claude Code ≥ 2.1: the main session's result of the call names it.
-                spawned_by = f"agent:{agent}"
-            if call is not None:
-                root.metadata["sidechain"] = {"parent_tool_call": call[0]}
-                title = f"Sub-agent: {call[1]}"
-                spawned_by = call[0]
-            else:
-                title = f"Sub-agent: {preview_text(first_text(nodes))}"
-            source_id = f"{self.session_id}:{root_key}" if self.session_id else root_key
-            report = ConversationReport(source_id=source_id, sidechain_of=self.session_id)
-            yield SourceConversation(
-                source_id=source_id,
-                title=title,
-                nodes=nodes,
-                report=report,
-                aliases=self.aliases,
-                created_at=min((n.created_at for n in nodes if n.created_at), default=None),
-                spawned_by_call=spawned_by,
-            )
+        return title
+
+    def _sub_agent(
+        self, root_key: str, nodes: list[Node], tasks: dict[str, tuple[str, str]]
+    ) -> SourceConversation:
+        """One sidechain as its own conversation, titled after (and linked to) the Task
+        call that started it when the main conversation holds it."""
+        root = self.by_key[root_key]
+        if root.parent is not None:
+            root.metadata["branched_from"] = root.parent
+            root.parent = None
+        prompt = first_text([root]) if root.role == "user" else ""
+        call = tasks.get(prompt.strip())
+        spawned_by = None
+        agent = self.agent_ids.get(root_key)
+        if agent:
+            # Claude Code ≥ 2.1: the main session's result of the call names it.
+            spawned_by = f"agent:{agent}"
+        if call is not None:
+            root.metadata["sidechain"] = {"parent_tool_call": call[0]}
+            title = f"Sub-agent: {call[1]}"
+            spawned_by = call[0]
+        else:
+            title = f"Sub-agent: {preview_text(first_text(nodes))}"
+        source_id = f"{self.session_id}:{root_key}" if self.session_id else root_key
+        report = ConversationReport(source_id=source_id, sidechain_of=self.session_id)
+        return SourceConversation(
+            source_id=source_id,
+            title=title,
+            nodes=nodes,
+            report=report,
+            aliases=self.aliases,
+            created_at=min((n.created_at for n in nodes if n.created_at), default=None),
+            spawned_by_call=spawned_by,
+        )
 
 
 def _task_calls(nodes: list[Node]) -> dict[str, tuple[str, str]]:

@@ -399,7 +399,9 @@ class _Reader:
         if not self.nodes:
             return None
         if self.ignored:
-            listed = ", ".join(f"{k} ×{n}" for k, n in sorted(self.ignored.items()))
+            listed = ", ".join(
+                f"{k} \N{MULTIPLICATION SIGN}{n}" for k, n in sorted(self.ignored.items())
+            )
             self.report.skipped.add(
                 "not_a_message", "file", f"records that are not messages: {listed}"
             )

@@ -18,7 +18,7 @@ link entries with ``id``/``parentId`` into a tree. Both are read here, entry by 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,13 +79,9 @@ def parse(path: Path, *, report: ImportReport, limits: Limits) -> Iterator[Sourc
         elif kind == "compaction":
             _compaction(node, entry)
         elif kind == "branch_summary":
-            node.parts = [
-                text_part(f"[Summary of a branch left behind]\n{as_str(entry.get('summary'))}")
-            ]
-            node.metadata["branch_summary"] = {"from_id": entry.get("fromId")}
+            _branch_summary(node, entry)  # the same fields as the message role
         elif kind == "custom_message":
-            node.parts = _user_content(entry.get("content"), node)
-            node.metadata["custom_type"] = as_str(entry.get("customType"))
+            _custom_message(node, entry)
         elif kind == "label":
             target = entry.get("targetId")
             if isinstance(target, str):
@@ -123,60 +119,74 @@ def _message(node: Node, message: Any) -> None:
     role = as_str(message.get("role"))
     created = parse_time(message.get("timestamp"))
     node.created_at = node.created_at or created
-    if role == "user":
-        node.parts = _user_content(message.get("content"), node)
-    elif role == "assistant":
-        node.role = "assistant"
-        node.parts = _assistant_content(message.get("content"), node)
-        for key, field in (
-            ("model", "model"),
-            ("provider", "provider"),
-            ("api", "api"),
-            ("stop_reason", "stopReason"),
-            ("usage", "usage"),
-            ("error", "errorMessage"),
-        ):
-            if message.get(field) is not None:
-                node.metadata[key] = message[field]
-        if not node.parts:
-            node.skip = f"an empty assistant message (stopReason {message.get('stopReason')!r})"
-    elif role == "toolResult":
-        node.role = "tool"
-        node.metadata["tool_name"] = as_str(message.get("toolName"))
-        inner = _user_content(message.get("content"), node)
-        node.parts = [
-            tool_result_part(
-                message.get("toolCallId"), inner, is_error=message.get("isError") is True
-            )
-        ]
-    elif role == "bashExecution":
-        command = as_str(message.get("command"))
-        output = as_str(message.get("output"))
-        code = message.get("exitCode")
-        text = f"Ran `{command}`\n```\n{output}\n```"
-        if code not in (None, 0):
-            text += f"\nExit code {code}"
-        if message.get("cancelled"):
-            text += "\n(cancelled)"
-        node.parts = [text_part(text)]
-        node.metadata["bash_execution"] = {
-            "exit_code": code,
-            "cancelled": bool(message.get("cancelled")),
-            "truncated": bool(message.get("truncated")),
-            "exclude_from_context": bool(message.get("excludeFromContext")),
-        }
-    elif role in ("custom", "hookMessage"):
-        node.parts = _user_content(message.get("content"), node)
-        node.metadata["custom_type"] = as_str(message.get("customType"))
-    elif role == "branchSummary":
-        node.parts = [
-            text_part(f"[Summary of a branch left behind]\n{as_str(message.get('summary'))}")
-        ]
-        node.metadata["branch_summary"] = {"from_id": message.get("fromId")}
-    elif role == "compactionSummary":
-        _compaction(node, message)
-    else:
+    reader = _MESSAGE_READERS.get(role)
+    if reader is None:
         node.skip = f"a message with role {role!r} (not supported)"
+        return
+    reader(node, message)
+
+
+def _user_message(node: Node, message: dict[str, Any]) -> None:
+    node.parts = _user_content(message.get("content"), node)
+
+
+# Assistant message fields kept as metadata: metadata key, pi field.
+_ASSISTANT_FIELDS = (
+    ("model", "model"),
+    ("provider", "provider"),
+    ("api", "api"),
+    ("stop_reason", "stopReason"),
+    ("usage", "usage"),
+    ("error", "errorMessage"),
+)
+
+
+def _assistant_message(node: Node, message: dict[str, Any]) -> None:
+    node.role = "assistant"
+    node.parts = _assistant_content(message.get("content"), node)
+    for key, field in _ASSISTANT_FIELDS:
+        if message.get(field) is not None:
+            node.metadata[key] = message[field]
+    if not node.parts:
+        node.skip = f"an empty assistant message (stopReason {message.get('stopReason')!r})"
+
+
+def _tool_result_message(node: Node, message: dict[str, Any]) -> None:
+    node.role = "tool"
+    node.metadata["tool_name"] = as_str(message.get("toolName"))
+    inner = _user_content(message.get("content"), node)
+    node.parts = [
+        tool_result_part(message.get("toolCallId"), inner, is_error=message.get("isError") is True)
+    ]
+
+
+def _bash_message(node: Node, message: dict[str, Any]) -> None:
+    # A command the user ran in pi's shell: shown to the model as a user message.
+    command = as_str(message.get("command"))
+    output = as_str(message.get("output"))
+    code = message.get("exitCode")
+    text = f"Ran `{command}`\n```\n{output}\n```"
+    if code not in (None, 0):
+        text += f"\nExit code {code}"
+    if message.get("cancelled"):
+        text += "\n(cancelled)"
+    node.parts = [text_part(text)]
+    node.metadata["bash_execution"] = {
+        "exit_code": code,
+        "cancelled": bool(message.get("cancelled")),
+        "truncated": bool(message.get("truncated")),
+        "exclude_from_context": bool(message.get("excludeFromContext")),
+    }
+
+
+def _custom_message(node: Node, message: dict[str, Any]) -> None:
+    node.parts = _user_content(message.get("content"), node)
+    node.metadata["custom_type"] = as_str(message.get("customType"))
+
+
+def _branch_summary(node: Node, message: dict[str, Any]) -> None:
+    node.parts = [text_part(f"[Summary of a branch left behind]\n{as_str(message.get('summary'))}")]
+    node.metadata["branch_summary"] = {"from_id": message.get("fromId")}
 
 
 def _compaction(node: Node, entry: dict[str, Any]) -> None:
@@ -193,6 +203,19 @@ def _compaction(node: Node, entry: dict[str, Any]) -> None:
         "first_kept": first_kept if isinstance(first_kept, str | int) else None,
         "summary_included": bool(summary),
     }
+
+
+# The reader of each message role; any other role is left out, reported.
+_MESSAGE_READERS: dict[str, Callable[[Node, dict[str, Any]], None]] = {
+    "user": _user_message,
+    "assistant": _assistant_message,
+    "toolResult": _tool_result_message,
+    "bashExecution": _bash_message,
+    "custom": _custom_message,
+    "hookMessage": _custom_message,
+    "branchSummary": _branch_summary,
+    "compactionSummary": _compaction,
+}
 
 
 def _image(block: dict[str, Any], node: Node) -> Part:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import codecs
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -271,7 +271,7 @@ class JsonReader:
             if not self._more():
                 return False
 
-    def iter_array(self) -> Iterator[tuple[int, Any]]:
+    def iter_array(self) -> Generator[tuple[int, Any], None, None]:
         """Yield ``(index, element)`` of a top-level JSON array. Corrupt elements are
         reported and skipped; a truncated file yields what came before the damage."""
         with open(self.path, "rb") as stream:
@@ -493,38 +493,79 @@ def detect_format(path: Path, *, limits: Limits) -> str:
     stripped = head.lstrip()
     if not stripped:
         raise ImportRejected("the file is empty", code="empty_file")
-    first = stripped[0]
-    if first == "[":
-        reader = JsonReader(path, issues=Issues(), limits=limits)
-        elements = reader.iter_array()
-        decoded = 0
-        try:
-            for seen, (_, element) in enumerate(elements):
-                decoded += 1
-                fmt = document_format(element)
-                if fmt:
-                    return fmt
-                if seen >= 5:
-                    break
-        finally:
-            elements.close()  # type: ignore[attr-defined]
-        kinds = reader.issues.kinds()
-        if "truncated" in kinds and "corrupt_entry" not in kinds and not decoded:
-            guess = next((f for pattern, f in _SNIFF if pattern.search(head)), None)
-            what = f"a {guess} export" if guess else "a JSON list"
-            raise ImportRejected(
-                f"the file is truncated: {what} cut at byte {path.stat().st_size}, inside "
-                "its first element, so nothing in it is complete",
-                code="truncated",
-            )
-        raise ImportRejected(
-            "a JSON list, but not of ChatGPT or claude.ai conversations, Open WebUI chats or Arbor "
-            "exports",
-            code="unknown_format",
-        )
-    if first != "{":
+    if stripped[0] == "[":
+        return _array_format(path, head, limits)
+    if stripped[0] != "{":
         raise ImportRejected("the file is neither JSON nor JSON Lines", code="unknown_format")
+    return _object_format(stripped, head)
+
+
+def _sniff(head: str) -> str | None:
+    """The format a telltale key in the raw head names (the head may not parse)."""
+    return next((fmt for pattern, fmt in _SNIFF if pattern.search(head)), None)
+
+
+def _array_format(path: Path, head: str, limits: Limits) -> str:
+    """A top-level array: the format of its first recognisable element."""
+    reader = JsonReader(path, issues=Issues(), limits=limits)
+    fmt, decoded = _first_elements_format(reader)
+    if fmt:
+        return fmt
+    kinds = reader.issues.kinds()
+    if "truncated" in kinds and "corrupt_entry" not in kinds and not decoded:
+        guess = _sniff(head)
+        what = f"a {guess} export" if guess else "a JSON list"
+        raise ImportRejected(
+            f"the file is truncated: {what} cut at byte {path.stat().st_size}, inside "
+            "its first element, so nothing in it is complete",
+            code="truncated",
+        )
+    raise ImportRejected(
+        "a JSON list, but not of ChatGPT or claude.ai conversations, Open WebUI chats or Arbor "
+        "exports",
+        code="unknown_format",
+    )
+
+
+def _first_elements_format(reader: JsonReader) -> tuple[str | None, int]:
+    """The format of the first of (at most six) array elements that has one, and how
+    many elements were decoded to find it."""
+    elements = reader.iter_array()
+    decoded = 0
+    try:
+        for seen, (_, element) in enumerate(elements):
+            decoded += 1
+            fmt = document_format(element)
+            if fmt:
+                return fmt, decoded
+            if seen >= 5:
+                break
+    finally:
+        elements.close()
+    return None, decoded
+
+
+def _object_format(stripped: str, head: str) -> str:
+    """A file starting with an object: JSON Lines (records) or one JSON document."""
     lines = [line.strip() for line in stripped.split("\n")[:50]]
+    records = _json_records(lines)
+    several = len(records) > 1 or (bool(records) and len([ln for ln in lines if ln]) > 1)
+    fmt = (
+        _records_format(records, several)
+        or _sniff(head)
+        or (record_format(records) if records else None)
+    )
+    if fmt:
+        return fmt
+    raise ImportRejected(
+        "could not tell the format; pass one of chatgpt, claude-code, pi, openwebui, arbor, "
+        "claudeai, codex",
+        code="unknown_format",
+    )
+
+
+def _json_records(lines: list[str]) -> list[dict[str, Any]]:
+    """The lines of the head that parse as JSON objects (a cut last line does not)."""
     records: list[dict[str, Any]] = []
     for line in lines:
         if not line:
@@ -535,26 +576,16 @@ def detect_format(path: Path, *, limits: Limits) -> str:
             continue
         if isinstance(value, dict):
             records.append(value)
-    several = len(records) > 1 or (records and len([ln for ln in lines if ln]) > 1)
+    return records
+
+
+def _records_format(records: list[dict[str, Any]], several: bool) -> str | None:
+    """Several lines: JSON Lines records; one line alone: a document or a record."""
     if records and several:
-        fmt = record_format(records)
-        if fmt:
-            return fmt
+        return record_format(records)
     if len(records) == 1 and not several:
-        fmt = document_format(records[0]) or record_format(records)
-        if fmt:
-            return fmt
-    for pattern, fmt in _SNIFF:
-        if pattern.search(head):
-            return fmt
-    fmt = record_format(records) if records else None
-    if fmt:
-        return fmt
-    raise ImportRejected(
-        "could not tell the format; pass one of chatgpt, claude-code, pi, openwebui, arbor, "
-        "claudeai, codex",
-        code="unknown_format",
-    )
+        return document_format(records[0]) or record_format(records)
+    return None
 
 
 def parse_documents(

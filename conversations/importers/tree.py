@@ -11,6 +11,7 @@ chosen.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from conversations.errors import InvalidInput
 from conversations.importers.base import (
     NEWEST_LEAF,
+    ConversationReport,
     Limits,
     Node,
     Sanitiser,
@@ -62,94 +64,20 @@ def build(conv: SourceConversation, limits: Limits) -> BuiltConversation:
     """Repair and order one conversation. Raises SkipConversation when nothing usable is
     left or a limit is exceeded."""
     report = conv.report
-    sanitiser = Sanitiser()
-    conv.title = sanitiser.text(conv.title)
-    conv.system_prompt = sanitiser.text(conv.system_prompt)
-    conv.model = sanitiser.text(conv.model)
-    if sanitiser.changed():
-        report.repaired.add("nul_bytes", "conversation", sanitiser.describe())
-    nodes: dict[str, Node] = {}
-    for node in conv.nodes:
-        for bucket, kind, detail in node.notes:
-            getattr(report, bucket).add(kind, f"node {node.key}", detail)
-        if node.key in nodes:
-            report.skipped.add(
-                "duplicate_id", f"node {node.key}", "a second record with the same id: skipped"
-            )
-            continue
-        nodes[node.key] = node
+    _sanitise_header(conv)
+    nodes = _unique_nodes(conv)
     if not nodes:
         raise SkipConversation("it holds no messages")
-
-    # Parents: aliases, dangling parents, self-loops.
-    parent: dict[str, str | None] = {}
-    for key, node in nodes.items():
-        target = _resolve(conv.aliases, node.parent)
-        if target is not None and target not in nodes:
-            report.repaired.add(
-                "dangling_parent",
-                f"node {key}",
-                f"parent {target} is not in the file: kept as a new root",
-            )
-            target = None
-        elif target == key:
-            report.repaired.add("cycle", f"node {key}", "its own parent: kept as a root")
-            target = None
-        parent[key] = target
-
+    parent = _parents(conv, nodes)
     _break_cycles(nodes, parent, report)
-
-    # Left-out nodes: children move up to the nearest kept ancestor.
-    kept_parent: dict[str, str | None] = {}
-
-    def kept_ancestor(key: str | None) -> str | None:
-        chain: list[str] = []
-        while key is not None and nodes[key].skip is not None:
-            if key in kept_parent:
-                key = kept_parent[key]
-                break
-            chain.append(key)
-            key = parent[key]
-        for k in chain:
-            kept_parent[k] = key
-        return key
-
-    for key, node in nodes.items():
-        if node.skip is None and not node.parts:
-            node.skip = f"an empty {node.role} message: left out"
-        if node.skip is not None:
-            report.skipped.add("not_a_message", f"node {key}", node.skip)
-    kept = [n for n in nodes.values() if n.skip is None]
-    if not kept:
-        raise SkipConversation("it holds no messages")
-    if len(kept) > limits.max_messages:
-        raise SkipConversation(f"it has {len(kept)} messages; the limit is {limits.max_messages}")
+    kept_ancestor = _KeptAncestor(nodes, parent)
+    kept = _kept_messages(nodes, report, limits)
     final_parent = {n.key: kept_ancestor(parent[n.key]) for n in kept}
-
     children: dict[str | None, list[Node]] = {}
     for node in kept:
         children.setdefault(final_parent[node.key], []).append(node)
-
-    # Timestamps: a node without one takes its parent's (then the conversation's).
-    fallback = conv.created_at or datetime.now(UTC)
-    stack: list[tuple[Node, datetime]] = [(n, fallback) for n in children.get(None, [])]
-    while stack:
-        node, inherited = stack.pop()
-        if node.created_at is None:
-            node.created_at = inherited
-        stack.extend((c, node.created_at) for c in children.get(node.key, []))
-
-    def sort_key(n: Node) -> tuple[datetime, int]:
-        assert n.created_at is not None
-        return (n.created_at, n.order)
-
-    ordered: list[BuiltMessage] = []
-    walk = [(n, 0) for n in sorted(children.get(None, []), key=sort_key, reverse=True)]
-    while walk:
-        node, depth = walk.pop()
-        ordered.append(BuiltMessage(node.key, final_parent[node.key], depth, node))
-        below = sorted(children.get(node.key, []), key=sort_key, reverse=True)
-        walk.extend((c, depth + 1) for c in below)
+    _inherit_times(children, conv.created_at or datetime.now(UTC))
+    ordered = _depth_first(children, final_parent)
 
     _sanitise_and_validate(conv, ordered, limits)
 
@@ -166,7 +94,132 @@ def build(conv: SourceConversation, limits: Limits) -> BuiltConversation:
     return built
 
 
-def _break_cycles(nodes: dict[str, Node], parent: dict[str, str | None], report: Any) -> None:
+def _sanitise_header(conv: SourceConversation) -> None:
+    """The conversation's own text fields, made storable (see ``Sanitiser``)."""
+    sanitiser = Sanitiser()
+    conv.title = sanitiser.text(conv.title)
+    conv.system_prompt = sanitiser.text(conv.system_prompt)
+    conv.model = sanitiser.text(conv.model)
+    if sanitiser.changed():
+        conv.report.repaired.add("nul_bytes", "conversation", sanitiser.describe())
+
+
+def _unique_nodes(conv: SourceConversation) -> dict[str, Node]:
+    """The nodes by key, the first of each id kept; each node's parser notes go to the
+    report as they come, in file order."""
+    report = conv.report
+    nodes: dict[str, Node] = {}
+    for node in conv.nodes:
+        for bucket, kind, detail in node.notes:
+            getattr(report, bucket).add(kind, f"node {node.key}", detail)
+        if node.key in nodes:
+            report.skipped.add(
+                "duplicate_id", f"node {node.key}", "a second record with the same id: skipped"
+            )
+            continue
+        nodes[node.key] = node
+    return nodes
+
+
+def _parents(conv: SourceConversation, nodes: dict[str, Node]) -> dict[str, str | None]:
+    """Each node's parent through the aliases; a dangling parent or a self-loop makes
+    the node a root."""
+    report = conv.report
+    parent: dict[str, str | None] = {}
+    for key, node in nodes.items():
+        target = _resolve(conv.aliases, node.parent)
+        if target is not None and target not in nodes:
+            report.repaired.add(
+                "dangling_parent",
+                f"node {key}",
+                f"parent {target} is not in the file: kept as a new root",
+            )
+            target = None
+        elif target == key:
+            report.repaired.add("cycle", f"node {key}", "its own parent: kept as a root")
+            target = None
+        parent[key] = target
+    return parent
+
+
+KeptAncestor = Callable[[str | None], str | None]
+
+
+class _KeptAncestor:
+    """The nearest ancestor of a key (the key itself included) that is kept as a
+    message: the children of a left-out node move up to it. Each answer is remembered
+    for every left-out node on the way, so long chains of them are walked once."""
+
+    def __init__(self, nodes: dict[str, Node], parent: dict[str, str | None]) -> None:
+        self.nodes = nodes
+        self.parent = parent
+        self.memo: dict[str, str | None] = {}
+
+    def __call__(self, key: str | None) -> str | None:
+        chain: list[str] = []
+        while key is not None and self.nodes[key].skip is not None:
+            if key in self.memo:
+                key = self.memo[key]
+                break
+            chain.append(key)
+            key = self.parent[key]
+        for k in chain:
+            self.memo[k] = key
+        return key
+
+
+def _kept_messages(
+    nodes: dict[str, Node], report: ConversationReport, limits: Limits
+) -> list[Node]:
+    """The nodes kept as messages (not left out by the parser, not empty), reporting
+    the others. Raises SkipConversation when none is left or there are too many."""
+    for key, node in nodes.items():
+        if node.skip is None and not node.parts:
+            node.skip = f"an empty {node.role} message: left out"
+        if node.skip is not None:
+            report.skipped.add("not_a_message", f"node {key}", node.skip)
+    kept = [n for n in nodes.values() if n.skip is None]
+    if not kept:
+        raise SkipConversation("it holds no messages")
+    if len(kept) > limits.max_messages:
+        raise SkipConversation(f"it has {len(kept)} messages; the limit is {limits.max_messages}")
+    return kept
+
+
+def _inherit_times(children: dict[str | None, list[Node]], fallback: datetime) -> None:
+    """A node without a timestamp takes its parent's (a root, the conversation's)."""
+    stack: list[tuple[Node, datetime]] = [(n, fallback) for n in children.get(None, [])]
+    while stack:
+        node, inherited = stack.pop()
+        if node.created_at is None:
+            node.created_at = inherited
+        stack.extend((c, node.created_at) for c in children.get(node.key, []))
+
+
+def _sibling_order(node: Node) -> tuple[datetime, int]:
+    assert node.created_at is not None  # set by _inherit_times
+    return (node.created_at, node.order)
+
+
+def _depth_first(
+    children: dict[str | None, list[Node]], final_parent: dict[str, str | None]
+) -> list[BuiltMessage]:
+    """The messages depth-first (parents before children), siblings by (timestamp, file
+    position), with their depths."""
+    ordered: list[BuiltMessage] = []
+    roots = sorted(children.get(None, []), key=_sibling_order, reverse=True)
+    walk = [(n, 0) for n in roots]
+    while walk:
+        node, depth = walk.pop()
+        ordered.append(BuiltMessage(node.key, final_parent[node.key], depth, node))
+        below = sorted(children.get(node.key, []), key=_sibling_order, reverse=True)
+        walk.extend((c, depth + 1) for c in below)
+    return ordered
+
+
+def _break_cycles(
+    nodes: dict[str, Node], parent: dict[str, str | None], report: ConversationReport
+) -> None:
     """Every node must reach a root. Walk up from each node; a walk that comes back to a
     node of its own path has found a cycle, broken at the cycle's earliest node."""
     state: dict[str, int] = {}  # 1 on the current path, 2 known to reach a root
@@ -239,7 +292,7 @@ def _validation_copy(part: Any) -> Any:
     return part
 
 
-def _truncate_texts(parts: list[Any], limit: int, report: Any, key: str) -> None:
+def _truncate_texts(parts: list[Any], limit: int, report: ConversationReport, key: str) -> None:
     for part in parts:
         if not isinstance(part, dict):
             continue
@@ -259,7 +312,7 @@ def _truncate_texts(parts: list[Any], limit: int, report: Any, key: str) -> None
 def _choose_tip(
     conv: SourceConversation,
     nodes: dict[str, Node],
-    kept_ancestor: Any,
+    kept_ancestor: KeptAncestor,
     children: dict[str | None, list[Node]],
     ordered: list[BuiltMessage],
 ) -> str | None:
@@ -291,7 +344,10 @@ def _choose_tip(
 
 
 def _checkpoints(
-    conv: SourceConversation, present: set[str], nodes: dict[str, Node], kept_ancestor: Any
+    conv: SourceConversation,
+    present: set[str],
+    nodes: dict[str, Node],
+    kept_ancestor: KeptAncestor,
 ) -> list[SourceCheckpoint]:
     out: list[SourceCheckpoint] = []
     live_labels: set[str] = set()
@@ -350,104 +406,138 @@ def _count(built: BuiltConversation) -> None:
     result on a sibling branch answers nothing on this one. ``tool_pairs`` counts the
     pairs on the path to the tip; pairs on other branches are ``tool_pairs_elsewhere``."""
     report = built.source.report
-    by_key = {m.key: m for m in built.messages}
-    children: dict[str, list[str]] = {}
-    for m in built.messages:
-        if m.parent is not None:
-            children.setdefault(m.parent, []).append(m.key)
-    on_path: set[str] = set()
-    key = built.tip
-    while key is not None and key not in on_path:
-        on_path.add(key)
-        key = by_key[key].parent
+    pairs = _ToolPairs(built)
     report.messages = len(built.messages)
     report.roots = sum(1 for m in built.messages if m.parent is None)
-    report.leaves = sum(1 for m in built.messages if m.key not in children)
+    report.leaves = sum(1 for m in built.messages if m.key not in pairs.children)
     report.checkpoints = len(built.checkpoints)
-    # Per tool message: its assistant message, and the calls answered from that
-    # message down to it (messages come parents first).
-    owner_of: dict[str, str | None] = {}
-    answered: dict[str, set[str]] = {}
+    # Messages come parents first: each tool message finds its run's pairs above it.
     for message in built.messages:
+        _count_parts(report, message.node)
+        if message.node.role == "tool":
+            pairs.pair_results(message)
+    for message in built.messages:
+        if message.node.role == "assistant":
+            pairs.flag_unanswered(message)
+
+
+def _count_parts(report: ConversationReport, node: Node) -> None:
+    if "compaction_marker" in node.metadata:
+        report.compaction_markers += 1
+    report.images += _count_images(node.parts)
+    for part in node.parts:
+        if part.get("type") == "tool_call":
+            report.tool_calls += 1
+        elif part.get("type") == "tool_result":
+            report.tool_results += 1
+
+
+class _ToolPairs:
+    """Tool calls and results of one built conversation, paired line by line (see
+    ``_count``) and counted on its report."""
+
+    def __init__(self, built: BuiltConversation) -> None:
+        self.built = built
+        self.report = built.source.report
+        self.by_key = {m.key: m for m in built.messages}
+        self.children: dict[str, list[str]] = {}
+        for m in built.messages:
+            if m.parent is not None:
+                self.children.setdefault(m.parent, []).append(m.key)
+        self.on_path: set[str] = set()
+        key = built.tip
+        while key is not None and key not in self.on_path:
+            self.on_path.add(key)
+            key = self.by_key[key].parent
+        # Per tool message: its assistant message, and the calls answered from that
+        # message down to it.
+        self.owner_of: dict[str, str | None] = {}
+        self.answered: dict[str, set[str]] = {}
+
+    def pair_results(self, message: BuiltMessage) -> None:
+        """Pair the results of a tool message with the calls of its assistant message
+        not answered higher up its run; flag the results that answer nothing."""
         node = message.node
-        if "compaction_marker" in node.metadata:
-            report.compaction_markers += 1
-        report.images += _count_images(node.parts)
-        for part in node.parts:
-            if part.get("type") == "tool_call":
-                report.tool_calls += 1
-            elif part.get("type") == "tool_result":
-                report.tool_results += 1
-        if node.role != "tool":
-            continue
         above = message.parent
-        if above is not None and by_key[above].node.role == "tool":
-            owner, done = owner_of[above], set(answered[above])
+        if above is not None and self.by_key[above].node.role == "tool":
+            owner, done = self.owner_of[above], set(self.answered[above])
         else:
             owner, done = above, set()
-        owner_node = by_key[owner].node if owner is not None else None
-        calls = (
-            {p["id"] for p in owner_node.parts if p.get("type") == "tool_call"}
-            if owner_node is not None and owner_node.role == "assistant"
-            else set()
-        )
+        calls = self._calls_of(owner)
         for part in node.parts:
             if part.get("type") != "tool_result":
                 continue
             call_id = str(part.get("call_id"))
             if call_id in calls and call_id not in done:
                 done.add(call_id)
-                if message.key in on_path:
-                    report.tool_pairs += 1
+                if message.key in self.on_path:
+                    self.report.tool_pairs += 1
                 else:
-                    report.tool_pairs_elsewhere += 1
+                    self.report.tool_pairs_elsewhere += 1
             else:
-                report.flagged.add(
+                self.report.flagged.add(
                     "unpaired_tool_result",
                     f"message {node.key}",
                     f"result for {call_id!r} has no call just above it: kept; resume leaves it out",
                 )
-        owner_of[message.key], answered[message.key] = owner, done
-    for message in built.messages:
+        self.owner_of[message.key], self.answered[message.key] = owner, done
+
+    def _calls_of(self, owner: str | None) -> set[Any]:
+        owner_node = self.by_key[owner].node if owner is not None else None
+        if owner_node is None or owner_node.role != "assistant":
+            return set()
+        return {p["id"] for p in owner_node.parts if p.get("type") == "tool_call"}
+
+    def flag_unanswered(self, message: BuiltMessage) -> None:
+        """Flag (and, unless the file is Arbor's own, note in the metadata) each call of
+        an assistant message that some line of history below it leaves unanswered."""
         node = message.node
-        if node.role != "assistant":
-            continue
         made = [str(p["id"]) for p in node.parts if p.get("type") == "tool_call"]
         if not made:
-            continue
-        # Every line of history below the message: the calls its run of results left
-        # unanswered (a line without results answers none).
-        below = children.get(message.key, [])
-
-        def continues_on_path(end: str) -> bool:
-            # The path runs through this line's last tool message and on from it.
-            if end not in on_path:
-                return False
-            return end == built.tip or any(
-                c in on_path and by_key[c].node.role != "tool" for c in children.get(end, [])
+            return
+        missing = self._missing(message, made)
+        if not missing:
+            return
+        if not self.built.source.verbatim:
+            node.metadata["unpaired_tool_calls"] = list(missing)
+        for call_id, path in missing.items():
+            where = "resume trims it" if path else "on a branch off the current path"
+            self.report.flagged.add(
+                "unpaired_tool_call",
+                f"message {node.key}",
+                f"tool call {call_id!r} has no result: kept; {where}",
             )
 
+    def _missing(self, message: BuiltMessage, made: list[str]) -> dict[str, bool]:
+        """The calls some line below the message leaves unanswered → whether one such
+        line is the path to the tip."""
+        # Every line of history below the message: the calls its run of results left
+        # unanswered (a line without results answers none).
+        below = self.children.get(message.key, [])
         lines = [
-            (answered[e], continues_on_path(e)) for e in _run_ends(message.key, by_key, children)
+            (self.answered[end], self._continues_on_path(end))
+            for end in _run_ends(message.key, self.by_key, self.children)
         ]
-        direct = [c for c in below if by_key[c].node.role != "tool"]
+        direct = [c for c in below if self.by_key[c].node.role != "tool"]
         if direct or not below:
-            lines.append((set(), message.key == built.tip or any(c in on_path for c in direct)))
-        missing: dict[str, bool] = {}  # call id → missing on the path to the tip
+            on_path = message.key == self.built.tip or any(c in self.on_path for c in direct)
+            lines.append((set(), on_path))
+        missing: dict[str, bool] = {}
         for have, path in lines:
             for call_id in made:
                 if call_id not in have:
                     missing[call_id] = missing.get(call_id, False) or path
-        if missing:
-            if not built.source.verbatim:
-                node.metadata["unpaired_tool_calls"] = list(missing)
-            for call_id, path in missing.items():
-                where = "resume trims it" if path else "on a branch off the current path"
-                report.flagged.add(
-                    "unpaired_tool_call",
-                    f"message {node.key}",
-                    f"tool call {call_id!r} has no result: kept; {where}",
-                )
+        return missing
+
+    def _continues_on_path(self, end: str) -> bool:
+        """Whether the path to the tip runs through this line's last tool message and on
+        from it."""
+        if end not in self.on_path:
+            return False
+        return end == self.built.tip or any(
+            c in self.on_path and self.by_key[c].node.role != "tool"
+            for c in self.children.get(end, [])
+        )
 
 
 def _run_ends(

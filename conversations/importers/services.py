@@ -1,0 +1,186 @@
+"""Importing a transcript file into the database: ``transcript_import``, the one entry
+point (see the package docstring). This module and ``importers.writer`` are the Django
+side of the package; the parsers and the tree builder they call are pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.db import DatabaseError, transaction
+
+from conversations.errors import ArborError, InvalidInput
+from conversations.importers.archive import is_archive, open_archive
+from conversations.importers.base import (
+    FORMATS,
+    ConversationReport,
+    ImportRejected,
+    ImportReport,
+    ImportTooLarge,
+    Limits,
+)
+from conversations.importers.chatgpt import Media
+from conversations.importers.parsers import PARSERS
+from conversations.importers.reading import detect_format
+from conversations.importers.tree import SkipConversation, build
+from conversations.importers.writer import Calls, conversation_write
+
+Progress = Callable[[ConversationReport], Any]
+
+
+def transcript_import(
+    *,
+    owner_id: Any,
+    path: str | Path,
+    format: str = "auto",
+    filename: str | None = None,
+    progress: Progress | None = None,
+    limits: Limits | None = None,
+) -> ImportReport:
+    """Import every conversation of one file for one user and report on it.
+
+    Raises ImportRejected (422) when the file cannot be read at all (unknown format, not
+    JSON) and ImportTooLarge (413) when it is over the size limit; everything else —
+    corrupt entries, a conversation over the message limit, repairs — is in the report.
+    """
+    limits = limits or Limits.from_settings()
+    path = Path(path)
+    user_model = get_user_model()
+    try:
+        owner = user_model._default_manager.get(pk=owner_id)
+    except user_model.DoesNotExist:
+        raise InvalidInput(f"no such user: {owner_id}", code="unknown_user") from None
+    if format != "auto" and format not in FORMATS:
+        raise InvalidInput(
+            f"format must be auto or one of {list(FORMATS)}, not {format!r}", code="bad_format"
+        )
+    if path.is_dir():  # a project folder (the command line): read like an archive
+        return _import_archive(owner, path, filename or path.name, format, progress, limits)
+    size = path.stat().st_size
+    if size > limits.max_file_bytes:
+        raise ImportTooLarge(
+            f"the file is {size} bytes; the import limit is {limits.max_file_bytes}"
+        )
+    if size == 0:
+        raise ImportRejected("the file is empty", code="empty_file")
+    if is_archive(path):
+        return _import_archive(owner, path, filename or path.name, format, progress, limits)
+    fmt = detect_format(path, limits=limits) if format == "auto" else format
+    report = ImportReport(file=filename or path.name, format=fmt)
+    _import_file(owner, path, fmt, report, {}, progress, limits)
+    return report
+
+
+def _import_file(
+    owner: Any,
+    path: Path,
+    fmt: str,
+    report: ImportReport,
+    calls: Calls,
+    progress: Progress | None,
+    limits: Limits,
+    *,
+    spawned_by_call: str | None = None,
+    spawned_title: str = "",
+    media: Media | None = None,
+) -> None:
+    """Parse, build and write the conversations of one transcript file into ``report``;
+    ``calls`` links sub-agents to their calls across the files of one import."""
+    parse = PARSERS[fmt]
+    sources = (
+        parse(path, report=report, limits=limits, media=media)
+        if media
+        else parse(path, report=report, limits=limits)
+    )
+    for source in sources:
+        label = f"conversation {source.source_id or source.title or len(report.conversations)}"
+        if len(report.conversations) >= limits.max_conversations:
+            report.skipped.add(
+                "limit",
+                label,
+                f"a file may hold at most {limits.max_conversations} conversations: "
+                "this one and the rest were not imported",
+            )
+            break
+        if spawned_by_call and source.report.sidechain_of is not None:
+            source.spawned_by_call = spawned_by_call
+            if spawned_title:
+                source.title = f"Sub-agent: {spawned_title}"
+        try:
+            built = build(source, limits)
+            # The progress line commits with the conversation: a process killed between
+            # the two never leaves a conversation its job does not report.
+            with transaction.atomic():
+                conversation_write(owner=owner, built=built, calls=calls)
+                if progress is not None:
+                    progress(source.report)
+        except SkipConversation as exc:
+            report.skipped.add("conversation", label, f"not imported: {exc}")
+            continue
+        except (ArborError, DatabaseError) as exc:
+            # The conversation's transaction rolled back: nothing of it was written.
+            report.skipped.add("conversation", label, f"not imported: {exc}")
+            continue
+        report.conversations.append(source.report)
+
+
+def _import_archive(
+    owner: Any,
+    path: Path,
+    filename: str,
+    format: str,
+    progress: Progress | None,
+    limits: Limits,
+) -> ImportReport:
+    """Every transcript of a zip archive (see importers.archive), in one report: the
+    format names what the archive held; a member that cannot be read is skipped with
+    its reason, the others are imported."""
+    found = open_archive(path, limits)
+    report = ImportReport(file=filename, format="zip")
+    formats: list[str] = []
+    calls: Calls = {}
+    try:
+        media = found.media if found.is_chatgpt else None
+        for member in found.transcripts():
+            if member.path is None:
+                report.skipped.add("file", member.name, f"not imported: {member.error}")
+                continue
+            try:
+                fmt = detect_format(member.path, limits=limits) if format == "auto" else format
+            except ImportRejected as exc:
+                report.skipped.add("file", member.name, f"not imported: {exc.detail}")
+                continue
+            if fmt not in formats:
+                formats.append(fmt)
+            before = len(report.conversations)
+            try:
+                _import_file(
+                    owner,
+                    member.path,
+                    fmt,
+                    report,
+                    calls,
+                    progress,
+                    limits,
+                    spawned_by_call=member.spawned_by_call,
+                    spawned_title=member.description,
+                    media=media if fmt == "chatgpt" else None,
+                )
+            except (ImportRejected, ImportTooLarge) as exc:
+                # One unreadable member (cut, too large) does not stop the others; what
+                # it wrote before the error is kept and counted.
+                report.skipped.add("file", member.name, f"not imported: {exc.detail}")
+                continue
+            if len(report.conversations) == before:
+                report.skipped.add("file", member.name, "no conversation in it was imported")
+    finally:
+        found.close()
+    if not formats:
+        raise ImportRejected(
+            "the archive holds no transcript this importer reads", code="unknown_format"
+        )
+    report.format = "zip: " + ", ".join(formats)
+    return report
