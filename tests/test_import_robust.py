@@ -184,6 +184,28 @@ class RepairTests(InvariantMixin, TestCase):
         (conv,) = Conversation.objects.filter(pk__in=report.conversation_ids)
         assert texts(path_of(conv)[0]) == "nul \ufffd here \ufffd"
 
+    def test_a_type_that_is_an_object_or_a_list_is_read_as_an_unknown_type(self) -> None:
+        # A block (or a record) whose "type" is not a string once crashed the whole file
+        # with a TypeError (it was looked up in a dict of readers).
+        blocks = [{"type": {"x": 1}, "text": "odd"}, {"type": "text", "text": "kept"}]
+        path = write(
+            "odd-types.jsonl",
+            jsonl(
+                {"type": ["user"], "note": "a record of no known type"},
+                cc("a", None, content=blocks),
+                cc("b", "a", "assistant", "ok"),
+            ),
+        )
+        report = self.run_import(path, format="claude-code")
+        (conv,) = Conversation.objects.filter(pk__in=report.conversation_ids)
+        assert [texts(m) for m in path_of(conv)][-1] == "ok"
+        assert "kept" in texts(path_of(conv)[0])
+        # Detection too: the odd record is passed over, the next one names the format.
+        report = self.run_import(
+            write("odd-detect.jsonl", jsonl({"type": {"a": 1}}, cc("a", None), cc("b", "a")))
+        )
+        assert len(report.conversation_ids) == 1
+
     def test_a_corrupt_line_is_skipped_and_two_records_on_a_line_are_both_kept(self) -> None:
         lines = [
             json.dumps(cc("a", None, content="one")),

@@ -285,8 +285,9 @@ def block_parts(
     parts: list[Part] = []
     for block in content if isinstance(content, list) else []:
         if isinstance(block, dict):
-            kind: Any = block.get("type")  # whatever JSON value the file holds
-            part = readers.get(kind, unknown)(block)
+            kind = block.get("type")  # whatever JSON value the file holds
+            reader = readers.get(kind, unknown) if isinstance(kind, str) else unknown
+            part = reader(block)
             if part is not None:
                 parts.append(part)
     return parts

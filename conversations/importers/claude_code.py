@@ -391,7 +391,8 @@ class _Reader:
             if leaf in main_keys and summary:
                 title = title or summary
                 used_summaries.add(leaf)
-        for leaf in self.summaries.keys() - used_summaries:
+        # In file order, so a report reads the same every time (a set's order does not).
+        for leaf in [k for k in self.summaries if k not in used_summaries]:
             self.report.skipped.add(
                 "summary",
                 f"summary for {leaf}",

@@ -464,11 +464,12 @@ _CODEX_TYPES = {
 def record_format(records: list[dict[str, Any]]) -> str | None:
     """Which JSON Lines format a few records are in."""
     for record in records:
-        if record.get("type") in _CODEX_TYPES and "payload" in record:
+        # A "type" that is an object or a list names no format (and is not hashable).
+        kind = record.get("type") if isinstance(record.get("type"), str) else None
+        if kind in _CODEX_TYPES and "payload" in record:
             return "codex"
         if "uuid" in record or "parentUuid" in record or "sessionId" in record:
             return "claude-code"
-        kind = record.get("type")
         if kind == "session" or (kind in _PI_TYPES and "message" in record):
             return "pi"
         if kind in _PI_TYPES and "uuid" not in record:
