@@ -21,5 +21,9 @@ def pytest_configure(config: object) -> None:
     from django.conf import settings
 
     settings.ARBOR_INPROCESS_JOBS = "inline"
+    # Tests create hundreds of users: a deliberately slow password hash (PBKDF2's
+    # hundreds of thousands of rounds) would be most of some tests' time. Servers the
+    # tests start in subprocesses keep the real hashers; they sign users in by session.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     # Django's settings may be read before this module sets the variable above.
     settings.ARBOR_DEFAULT_MODEL = os.environ["ARBOR_DEFAULT_MODEL"]

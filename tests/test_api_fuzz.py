@@ -370,13 +370,23 @@ class Steer:
         }
 
     def case(self, case: Any) -> None:
-        path = case.path_parameters
+        """Point a generated request at the world's real ids and shapes, where drawn."""
+        self.case_path(case.path_parameters)
+        self.case_query(case)
+        body = case.body  # the generated one, even where the import route's is replaced
+        self.case_whole_body(case)
+        if isinstance(body, dict):
+            self.case_body(body)
+
+    def case_path(self, path: dict[str, Any]) -> None:
         for name, kind in (("cid", "cids"), ("mid", "mids"), ("sha256", "shas")):
             if name in path:
                 path[name] = self.pick(name, kind, path[name])
                 for ids in self.pools:
                     if path[name] in ids.version or path[name] in ids.conversation_of:
                         self.conversation = ids.conversation_of.get(path[name], path[name])
+
+    def case_query(self, case: Any) -> None:
         query = case.query
         declared = _query_parameters(case.operation.label)
         if "tip" in declared and isinstance(query.get("tip"), str | None):
@@ -388,14 +398,16 @@ class Steer:
             query["format"] = self.draw(st.sampled_from(formats), "format")
         if "model" in query and self.real("model"):
             query["model"] = self.draw(st.sampled_from(["", "fake/demo"]), "model")
+
+    def case_whole_body(self, case: Any) -> None:
         body = case.body
         if case.operation.path == "/api/imports" and self.real("transcript"):
             # The route reads the raw body, so the schema documents none to generate.
             case.body, case.media_type = self.transcript(), "application/json"
         if case.operation.path == "/api/blobs" and isinstance(body, dict) and self.real("png"):
             body["file"] = Binary(png_bytes(self.draw(st.integers(1000, 1100), "png")))
-        if not isinstance(body, dict):
-            return
+
+    def case_body(self, body: dict[str, Any]) -> None:
         for name in ("parent", "message"):
             if name in body:
                 body[name] = self.pick(name, "mids", body[name])

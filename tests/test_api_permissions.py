@@ -229,7 +229,7 @@ def snapshot(cid: str) -> dict[str, Any]:
 
 def error_of(response: Response) -> dict[str, Any]:
     assert response["Content-Type"].startswith(JSON), response["Content-Type"]
-    body = response.json()
+    body: dict[str, Any] = response.json()
     assert isinstance(body.get("error"), str) and isinstance(body.get("detail"), str), body
     return body
 

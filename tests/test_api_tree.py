@@ -357,7 +357,8 @@ class ForkApiTests(TestCase):
     def fork(self, mid: Any, **body: Any) -> dict[str, Any]:
         response = self.api.post(f"/api/messages/{mid}/fork", body, content_type=JSON)
         assert response.status_code == 201, response.content
-        return response.json()
+        forked: dict[str, Any] = response.json()
+        return forked
 
     def test_it_forks_the_path(self) -> None:
         conv, n = new_conversation(self.user, "a>b>c>d, b>e", title="source")

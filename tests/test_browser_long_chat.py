@@ -51,7 +51,10 @@ class LongChatTests(BrowserTestCase):
         self.sign_in("reader")
 
     def shown(self) -> list[str]:
-        return self.page.eval_on_selector_all("#path li.msg", "els => els.map(e => e.dataset.id)")
+        ids: list[str] = self.page.eval_on_selector_all(
+            "#path li.msg", "els => els.map(e => e.dataset.id)"
+        )
+        return ids
 
     def in_view(self, selector: str) -> bool:
         return bool(

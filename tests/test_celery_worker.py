@@ -277,7 +277,7 @@ class ImportWorkerDeathTests(TransactionTestCase):
         self.user = make_user("importer")
 
     def import_under_way(self, worker: subprocess.Popen[bytes]) -> ImportJob:
-        job = services.import_job_create(
+        job: ImportJob = services.import_job_create(
             owner=self.user, upload=SimpleUploadedFile("export.json", chatgpt_export(400))
         )
         wait_for(

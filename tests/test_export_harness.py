@@ -524,7 +524,7 @@ class HarnessResumeCase(SessionExportCase):
         assert main, [r.path for r in self.fake.requests]
         messages = main[-1].body["messages"]
         assert anthropic_pairing_error(messages) is None
-        return messages
+        return list(messages)
 
     def assert_holds(self, messages: list[dict[str, Any]], conv: Conversation, tip: Any) -> None:
         """The request holds the exported path, in order, and the final prompt."""

@@ -99,7 +99,9 @@ def conversation(turns: int = 8, **kw: Any) -> list[Msg]:
     return messages
 
 
-def view_of(messages: list[Msg], budget: int = BIG, model: ModelInfo = VISION, **kw: Any):
+def view_of(
+    messages: list[Msg], budget: int = BIG, model: ModelInfo = VISION, **kw: Any
+) -> ContextView:
     return ContextView.build(messages, budget_tokens=budget, model=model, **kw)
 
 

@@ -691,6 +691,14 @@ class TreeMachine(RuleBasedStateMachine):
 
     @invariant()
     def the_database_matches_the_model(self) -> None:
+        self.check_conversations()
+        full = self.check_messages()
+        self.check_structure(full)
+        self.check_tips(full)
+        self.check_forks(full)
+        self.check_checkpoints(full)
+
+    def check_conversations(self) -> None:
         # Conversations: the same set, each at the tip and version the model expects.
         db_convs = {
             c["id"]: c
@@ -705,6 +713,7 @@ class TreeMachine(RuleBasedStateMachine):
             assert got["forked_from_id"] == conv.forked_from
             assert got["owner_id"] == self.user.pk
 
+    def check_messages(self) -> dict[uuid.UUID, FullRow]:
         # Messages: only ever added; none changed, moved or removed.
         full: dict[uuid.UUID, FullRow] = {
             r[0]: r[1:]
@@ -737,7 +746,9 @@ class TreeMachine(RuleBasedStateMachine):
             ), f"message {mid} changed"
             first_seen = self.snapshot.setdefault(mid, values)
             assert values == first_seen, f"message {mid} changed"
+        return full
 
+    def check_structure(self, full: dict[uuid.UUID, FullRow]) -> None:
         # Structure: every parent in the same conversation, one level up.
         for mid, values in full.items():
             conversation, parent, depth = values[0], values[1], values[4]
@@ -748,6 +759,7 @@ class TreeMachine(RuleBasedStateMachine):
                 assert full[parent][0] == conversation, f"{mid}'s parent is in another conversation"
                 assert depth == full[parent][4] + 1, f"{mid} is not one below its parent"
 
+    def check_tips(self, full: dict[uuid.UUID, FullRow]) -> None:
         # Tips: reachable from a root inside their own conversation; paths as expected.
         for conv in self.convs:
             walked: list[uuid.UUID] = []
@@ -768,6 +780,7 @@ class TreeMachine(RuleBasedStateMachine):
             self.recorded_paths[conv.id] = walked
         self.touched = set()
 
+    def check_forks(self, full: dict[uuid.UUID, FullRow]) -> None:
         # Forks hold copies: no message of a fork is a message of its source.
         for conv in self.convs:
             if conv.forked_from is not None and conv.forked_from in full:
@@ -777,6 +790,7 @@ class TreeMachine(RuleBasedStateMachine):
                     m for m, v in full.items() if v[0] == source
                 }
 
+    def check_checkpoints(self, full: dict[uuid.UUID, FullRow]) -> None:
         # Checkpoints: at the message they were created with, dropped or not.
         db_checkpoints = sorted(
             Checkpoint.objects.values_list(

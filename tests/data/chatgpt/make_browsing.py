@@ -3,14 +3,28 @@ real exports (the 2023 `browser` tool: `search`, `mclick`, `tether_browsing_disp
 `tether_quote`, `_cite_metadata`, `metadata.citations` with 【n†source】 markers; and
 the 2024+ `web` tool's `content_references`). Run: python3 make_browsing.py"""
 
+from __future__ import annotations
+
 import json
 from pathlib import Path
+from typing import Any
 
 T0 = 1_700_000_000.0
 
 
-def node(key, parent, children, role, content, *, name=None, recipient="all", meta=None, t=0):
-    author = {"role": role, "name": name, "metadata": {}}
+def node(
+    key: str,
+    parent: str | None,
+    children: list[str],
+    role: str,
+    content: dict[str, Any],
+    *,
+    name: str | None = None,
+    recipient: str = "all",
+    meta: dict[str, Any] | None = None,
+    t: float = 0,
+) -> dict[str, Any]:
+    author: dict[str, Any] = {"role": role, "name": name, "metadata": {}}
     return {
         "id": key,
         "parent": parent,
@@ -84,14 +98,19 @@ citations = [
         },
     },
 ]
-quote = lambda p: {  # noqa: E731
-    "content_type": "tether_quote",
-    "url": p["url"],
-    "domain": p["url"].split("/")[2],
-    "text": p["text"] + " (full page text)",
-    "title": p["title"],
-    "tether_id": None,
-}
+
+
+def quote(p: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "content_type": "tether_quote",
+        "url": p["url"],
+        "domain": p["url"].split("/")[2],
+        "text": p["text"] + " (full page text)",
+        "title": p["title"],
+        "tether_id": None,
+    }
+
+
 old = {
     "title": "Python web frameworks",
     "create_time": T0,
