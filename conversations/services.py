@@ -43,6 +43,7 @@ from conversations.errors import (
 )
 from conversations.models import (
     ApiToken,
+    AttemptStatus,
     Blob,
     Checkpoint,
     CheckpointSource,
@@ -51,6 +52,7 @@ from conversations.models import (
     Message,
     Origin,
     Role,
+    TurnAttempt,
 )
 from conversations.parts import (
     DraftMessage,
@@ -323,6 +325,85 @@ def _message_in(conversation: Conversation, message_id: uuid.UUID | str) -> Mess
         raise NotFound(f"no such message in this conversation: {message_id}") from None
 
 
+# --- turn attempts -------------------------------------------------------------------
+# An attempt records a chat turn apart from the transcript (DESIGN.md invariant 7): what
+# was asked, committed before the model is called, so a failed or interrupted turn can be
+# retried after a restart; then how it ended. The turn engine (conversations.turns and
+# conversations.turn_engine) records them only through these functions.
+
+
+def attempt_start(
+    *,
+    conversation: Conversation,
+    parent_id: uuid.UUID | str | None,
+    input_parts: list[dict[str, Any]],
+    model: str,
+    retry_of: TurnAttempt | None = None,
+) -> TurnAttempt:
+    """Record a turn about to run in this process, committed on its own (or with the
+    caller's transaction: a retry claims its attempt under the conversation's lock)."""
+    try:
+        # Its own atomic block: the foreign key of a conversation deleted a moment ago
+        # fails here (it is checked when the block commits), as NotFound.
+        with transaction.atomic():
+            return TurnAttempt.objects.create(
+                conversation=conversation,
+                parent_id=parent_id,
+                input_parts=input_parts,
+                model=model,
+                worker=process_identity(),
+                retry_of=retry_of,
+            )
+    except IntegrityError:  # the conversation was deleted a moment ago
+        raise NotFound(f"no such conversation: {conversation.pk}") from None
+
+
+def attempt_lease(*, attempt: TurnAttempt) -> Heartbeat:
+    """Keeps a running attempt's heartbeat fresh on a timer, whatever the model is doing:
+    a model silent for minutes is still a turn in progress (retry refuses it), and a
+    process that died stops renewing, so its attempt goes stale. Use it as ``with``."""
+    running = TurnAttempt.objects.filter(pk=attempt.pk, status=AttemptStatus.RUNNING)
+    return Heartbeat(
+        lambda: running.update(heartbeat_at=timezone.now()),
+        settings.ARBOR_ATTEMPT_STALE_SECONDS / 4,
+        name="arbor-turn-lease",
+    )
+
+
+def attempt_heartbeat(*, attempt: TurnAttempt) -> None:
+    """The attempt showed a sign of life (a streamed event); ``attempt`` keeps the time."""
+    now = timezone.now()
+    # At most one write every few seconds, however fast the tokens arrive.
+    if now - attempt.heartbeat_at > timedelta(seconds=5):
+        attempt.heartbeat_at = now
+        TurnAttempt.objects.filter(pk=attempt.pk).update(heartbeat_at=now)
+
+
+def attempt_rebase(*, attempt: TurnAttempt, parent_id: uuid.UUID) -> None:
+    """The model rewound mid-turn and its digest is committed: a retry of a failure after
+    this point continues from ``parent_id`` (the digest), not from scratch."""
+    TurnAttempt.objects.filter(pk=attempt.pk).update(parent_id=parent_id, input_parts=[])
+
+
+def attempt_finish(
+    *,
+    attempt: TurnAttempt,
+    status: str,
+    code: str = "",
+    text: str = "",
+    tip: uuid.UUID | None = None,
+) -> None:
+    """Record how an attempt ended: ``completed`` with the tip its turn wrote (in the
+    turn's own transaction), or ``failed`` with an error code and text."""
+    TurnAttempt.objects.filter(pk=attempt.pk).update(
+        status=status,
+        error_code=code[:64],
+        error_text=text,
+        result_tip_id=tip,
+        finished_at=timezone.now(),
+    )
+
+
 # --- fork ----------------------------------------------------------------------------
 
 
@@ -523,12 +604,13 @@ def _is_boundary(message: Message) -> bool:
 def _clean_label(label: Any) -> str:
     if not isinstance(label, str) or not label.strip():
         raise InvalidInput("label must be a non-empty string", code="bad_label")
-    label = label.strip()
-    if "\x00" in label:
+    # A name of its own: ``label`` reassigned would stay typed Any.
+    cleaned = label.strip()
+    if "\x00" in cleaned:
         raise InvalidInput("label must not contain NUL characters", code="bad_label")
-    if len(label) > 100:
+    if len(cleaned) > 100:
         raise InvalidInput("label must be at most 100 characters", code="bad_label")
-    return label
+    return cleaned
 
 
 def checkpoint_create(

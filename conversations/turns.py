@@ -1,13 +1,16 @@
-"""The chat turn engine: user message → model → tools → model … → final answer.
+"""Chat turns: user message → model → tools → model … → final answer.
 
 The whole turn is held in memory and written at its end by ``services.turn_append``, in
 one transaction with the tip move, so a process killed anywhere mid-turn leaves the
 transcript at the previous turn. What was asked is recorded first in a ``TurnAttempt``
-row (committed on its own), so a failed or interrupted turn can be retried after a
-restart.
+row (committed on its own, see ``services.attempt_start``), so a failed or interrupted
+turn can be retried after a restart.
 
-The engine is a generator of events; the API streams them as Server-Sent Events or
-drains them for a plain JSON answer. One engine, two ways to watch it.
+This module is the way in: it checks the input, records the attempt, and hands the
+rounds to ``turn_engine.TurnRun``; it also drains a turn for a plain answer and picks
+what a retry runs. The engine is a generator of events; the API streams them as
+Server-Sent Events or drains them for a plain JSON answer. One engine, two ways to
+watch it.
 """
 
 from __future__ import annotations
@@ -19,40 +22,40 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.utils import timezone
 
-from arbor.heartbeat import Heartbeat
-from arbor.procs import process_gone, process_identity
-from compaction import services as compaction
-from compaction.models import Trigger
+from arbor.procs import process_gone
 from conversations import selectors, services
 from conversations.errors import ArborError, Conflict, InvalidInput, NotFound
 from conversations.models import (
     AttemptStatus,
-    Checkpoint,
-    CheckpointSource,
-    CheckpointState,
     Conversation,
     Message,
     Origin,
     TurnAttempt,
 )
-from conversations.parts import DraftMessage, clean_messages
-from conversations.providers import (
-    ContextOverflow,
-    Done,
-    ModelSpec,
-    ProviderError,
-    Request,
-    TextDelta,
-    ThinkingDelta,
-    ToolCallStarted,
-    make_provider,
-    resolve_model,
-)
+from conversations.parts import clean_messages
+from conversations.providers import ModelSpec, make_provider, resolve_model
 from conversations.resume import ResumeReport
-from conversations.tools import ToolContext, run_tool, tools_for
+from conversations.turn_engine import TurnRun
+
+# ``make_provider`` is exported: a turn looks it up in this module when it opens the
+# provider, so a bench (or a test) swaps the provider by setting ``turns.make_provider``.
+__all__ = [
+    "NothingLoaded",
+    "NothingToRetry",
+    "TurnFailed",
+    "TurnInProgress",
+    "TurnOutcome",
+    "attempt_is_stale",
+    "make_provider",
+    "retry_events",
+    "retry_target",
+    "turn_drain",
+    "turn_events",
+    "turn_run",
+]
 
 _AT_TIP: Any = object()
 
@@ -81,10 +84,6 @@ class TurnOutcome:
 # --- attempts ------------------------------------------------------------------------
 
 
-def _worker_name() -> str:
-    return process_identity()
-
-
 def attempt_is_stale(attempt: TurnAttempt) -> bool:
     """A running attempt whose process is gone (on this host: its pid free or reused by
     a process started later, see arbor.procs) or that has not shown signs of life for
@@ -95,51 +94,6 @@ def attempt_is_stale(attempt: TurnAttempt) -> bool:
         return True
     limit = timedelta(seconds=settings.ARBOR_ATTEMPT_STALE_SECONDS)
     return timezone.now() - attempt.heartbeat_at > limit
-
-
-def _attempt_finish(
-    attempt: TurnAttempt,
-    *,
-    status: str,
-    code: str = "",
-    text: str = "",
-    tip: uuid.UUID | None = None,
-) -> None:
-    TurnAttempt.objects.filter(pk=attempt.pk).update(
-        status=status,
-        error_code=code[:64],
-        error_text=text,
-        result_tip_id=tip,
-        finished_at=timezone.now(),
-    )
-
-
-def _drafts(messages: list[dict[str, Any]]) -> list[DraftMessage]:
-    """The turn in memory as the drafts turn_append writes."""
-    return [
-        DraftMessage(role=m["role"], parts=m["parts"], metadata=m.get("metadata", {}))
-        for m in messages
-    ]
-
-
-def _lease(attempt: TurnAttempt) -> Heartbeat:
-    """Keeps a running attempt's heartbeat fresh on a timer, whatever the model is doing:
-    a model silent for minutes is still a turn in progress (retry refuses it), and a
-    process that died stops renewing, so its attempt goes stale."""
-    running = TurnAttempt.objects.filter(pk=attempt.pk, status=AttemptStatus.RUNNING)
-    return Heartbeat(
-        lambda: running.update(heartbeat_at=timezone.now()),
-        settings.ARBOR_ATTEMPT_STALE_SECONDS / 4,
-        name="arbor-turn-lease",
-    )
-
-
-def _heartbeat(attempt: TurnAttempt) -> None:
-    now = timezone.now()
-    # At most one write every few seconds, however fast the tokens arrive.
-    if now - attempt.heartbeat_at > timedelta(seconds=5):
-        attempt.heartbeat_at = now
-        TurnAttempt.objects.filter(pk=attempt.pk).update(heartbeat_at=now)
 
 
 # --- running a turn ------------------------------------------------------------------
@@ -209,21 +163,11 @@ def turn_events(
         user_parts = _clean_input(parts, conversation.owner_id) if parts is not None else []
         model_id = selectors.model_id_for(conversation, model)
         spec = _resolve(model_id)
-        if parent_id is _AT_TIP:
-            try:
-                conversation.refresh_from_db(fields=["tip", "version"])
-            except Conversation.DoesNotExist:  # deleted a moment ago
-                raise NotFound(f"no such conversation: {conversation.pk}") from None
-            parent_id = conversation.tip_id
-        elif (
-            parent_id is not None
-            and not Message.objects.filter(pk=parent_id, conversation=conversation).exists()
-        ):
-            raise InvalidInput(f"parent {parent_id} is not a message of this conversation")
+        parent_id = _turn_parent(conversation, parent_id)
     except Exception as exc:
         if attempt is not None:  # a retry's attempt, made under the lock: it failed here
-            _attempt_finish(
-                attempt,
+            services.attempt_finish(
+                attempt=attempt,
                 status=AttemptStatus.FAILED,
                 code=getattr(exc, "code", "error"),
                 text=str(exc),
@@ -231,310 +175,42 @@ def turn_events(
         raise
 
     if attempt is None:
-        try:
-            with transaction.atomic():
-                attempt = TurnAttempt.objects.create(
-                    conversation=conversation,
-                    parent_id=parent_id,
-                    input_parts=user_parts,
-                    model=model_id,
-                    worker=_worker_name(),
-                    retry_of=retry_of,
-                )
-        except IntegrityError:  # the conversation was deleted a moment ago
-            raise NotFound(f"no such conversation: {conversation.pk}") from None
+        attempt = services.attempt_start(
+            conversation=conversation,
+            parent_id=parent_id,
+            input_parts=user_parts,
+            model=model_id,
+            retry_of=retry_of,
+        )
     yield {"event": "attempt", "attempt": str(attempt.pk), "model": spec.id, "notice": spec.notice}
-    finished = False
-    lease = _lease(attempt).__enter__()
-    try:
-        turn: list[dict[str, Any]] = [{"role": "user", "parts": user_parts}] if user_parts else []
-        tool_specs = tools_for(conversation)
-        tool_context = ToolContext(conversation=conversation)
-        persisted: list[str] = []
-        reported_resume = False
-        told_record: Any = None
-        # The archived path below the turn, loaded once (again only after a rewind
-        # moves the turn's parent): every round adds only the turn in memory to it.
-        archived: tuple[uuid.UUID | None, Any] = (None, None)
-        with make_provider(spec, load_blob=services.blob_read) as provider:
-            for round_number in range(settings.ARBOR_MAX_TOOL_ROUNDS + 1):
-                # Every request goes through the one entry point into compaction: the
-                # archived path plus the turn so far, at the model's budget, with the
-                # tool definitions it is sent with.
-                if archived[1] is None or archived[0] != parent_id:
-                    archived = (
-                        parent_id,
-                        services.transcript_for_model(conversation=conversation, tip_id=parent_id),
-                    )
-                context = compaction.context_build(
-                    conversation=conversation,
-                    spec=spec,
-                    tip_id=parent_id,
-                    pending=turn,
-                    archived=archived[1],
-                    tools=tool_specs,
-                    trigger=Trigger.PROACTIVE,
-                )
-                sent_len = len(turn)  # the turn messages this request carries
-                report = context.resume
-                if report.changed and not reported_resume:
-                    reported_resume = True
-                    yield {
-                        "event": "resume",
-                        "trimmed": report.trimmed,
-                        "repaired": report.repaired,
-                    }
-                if context.record is not None and context.record.pk != told_record:
-                    told_record = context.record.pk
-                    yield _context_event(context)
-                # The last round keeps the tool definitions (a history with tool calls
-                # needs them) but lets the model call none, so the turn ends on an answer.
-                last_round = round_number == settings.ARBOR_MAX_TOOL_ROUNDS
-                reply = None
-                for retry in (False, True):
-                    request = Request(
-                        messages=context.messages,
-                        system=conversation.system_prompt,
-                        tools=tool_specs,
-                        tool_choice="none" if last_round else None,
-                    )
-                    try:
-                        for event in provider.stream(request):
-                            _heartbeat(attempt)
-                            if isinstance(event, TextDelta):
-                                yield {"event": "delta", "text": event.text}
-                            elif isinstance(event, ThinkingDelta):
-                                yield {"event": "thinking", "text": event.text}
-                            elif isinstance(event, ToolCallStarted):
-                                yield {"event": "tool_call", "id": event.id, "name": event.name}
-                            elif isinstance(event, Done):
-                                reply = event.reply
-                        break
-                    except ContextOverflow as overflow:
-                        if retry:
-                            raise  # compacted once already: fail the turn, say why
-                        # Reactive compaction: the provider counted more than we did.
-                        # Recalibrate, compact again from the originals below its limit,
-                        # and retry once; the rejected payload is never sent again.
-                        context = compaction.context_after_overflow(
-                            conversation=conversation,
-                            spec=spec,
-                            tip_id=parent_id,
-                            sent=context,
-                            overflow=overflow,
-                        )
-                        yield {"event": "compacted", "trigger": "reactive"}
-                assert reply is not None  # stream() raises rather than end without Done
-                compaction.usage_observe(spec=spec, context=context, usage=reply.usage)
-                message = reply.message()
-                if not message["parts"]:
-                    message["parts"] = [{"type": "text", "text": ""}]
-                turn.append(message)
-                if not reply.tool_calls:
-                    break
-                results = []
-                rewind_call: dict[str, Any] | None = None
-                for call in reply.tool_calls:
-                    arguments = call.get("arguments") or {}
-                    if call["name"] == "rewind" and conversation.checkpoint_tools:
-                        if rewind_call is None:
-                            rewind_call = call  # answered below, after the others
-                            continue
-                        text, is_error = "only one rewind per step", True
-                    elif call["name"] == "checkpoint" and conversation.checkpoint_tools:
-                        text, is_error = _model_checkpoint(conversation, parent_id, arguments)
-                    else:
-                        text, is_error = run_tool(call["name"], arguments, tool_context)
-                    results.append(_result(call, text, is_error))
-                    yield _result_event(call, is_error)
-                if rewind_call is not None:
-                    outcome = _model_rewind(
-                        conversation, parent_id, turn, results, rewind_call, attempt
-                    )
-                    yield _result_event(rewind_call, outcome.is_error)
-                    if outcome.digest_id is None:
-                        results.append(_result(rewind_call, outcome.text, True))
-                    else:
-                        # The exploration is persisted on the abandoned branch; the
-                        # model continues from the checkpoint and its digest.
-                        persisted += outcome.persisted
-                        parent_id = outcome.digest_id
-                        turn = []
-                        yield {
-                            "event": "rewind",
-                            "label": rewind_call["arguments"].get("label"),
-                            "digest_message": str(parent_id),
-                            "abandoned_tip": outcome.persisted[-1],
-                        }
-                        continue
-                turn.append({"role": "tool", "parts": results})
-        # The turn and its attempt's "completed" commit together: a process killed
-        # between the two would leave a whole turn whose attempt looks interrupted, and
-        # retry would run it again.
-        with transaction.atomic():
-            result = services.turn_append(
-                conversation=conversation,
-                parent_id=parent_id,
-                expected_version=None,
-                messages=_drafts(turn),
-                # After a rewind the turn continues below the digest: an ordinary turn.
-                origin=Origin.TURN if persisted else origin,
-            )
-            _attempt_finish(attempt, status=AttemptStatus.COMPLETED, tip=result.tip)
-        finished = True
-        compaction.compaction_enqueue_if_due(
-            conversation=conversation,
-            spec=spec,
-            tip_id=result.tip,
-            tools=tool_specs,
-            last=context,
-            appended=turn[sent_len:],
-        )
-        yield {
-            "event": "done",
-            "attempt": str(attempt.pk),
-            "tip": str(result.tip),
-            "version": result.version,
-            "message_ids": persisted + [str(mid) for mid in result.message_ids],
-        }
-    except (ProviderError, ArborError) as exc:
-        body = exc.as_dict()
-        _attempt_finish(
-            attempt, status=AttemptStatus.FAILED, code=body["error"], text=body["detail"]
-        )
-        finished = True
-        yield {"event": "error", "attempt": str(attempt.pk), **body}
-    except Exception as exc:
-        _attempt_finish(
-            attempt, status=AttemptStatus.FAILED, code="internal", text=type(exc).__name__
-        )
-        finished = True
-        raise
-    finally:
-        lease.__exit__()
-        if not finished:
-            # The consumer went away mid-turn (a closed stream): nothing was written to
-            # the transcript; the attempt stays retryable.
-            _attempt_finish(
-                attempt, status=AttemptStatus.FAILED, code="interrupted", text="stream closed"
-            )
-
-
-def _context_event(context: compaction.ContextResult) -> dict[str, Any]:
-    record = context.record
-    return {
-        "event": "context",
-        "record": str(record.pk) if record else None,
-        "reused": context.reused,
-        "estimate": context.estimate,
-        "budget": context.budget,
-        "rungs": [r["rung"] for r in (record.rungs if record else [])],
-    }
-
-
-def _result(call: dict[str, Any], text: str, is_error: bool) -> dict[str, Any]:
-    return {
-        "type": "tool_result",
-        "call_id": call["id"],
-        "is_error": is_error,
-        "parts": [{"type": "text", "text": text}],
-    }
-
-
-def _result_event(call: dict[str, Any], is_error: bool) -> dict[str, Any]:
-    return {
-        "event": "tool_result",
-        "call_id": call["id"],
-        "name": call["name"],
-        "is_error": is_error,
-    }
-
-
-# --- the model's own checkpoint and rewind (DESIGN.md invariant 6) ---------------------
-
-
-def _model_checkpoint(
-    conversation: Conversation, turn_start: uuid.UUID | None, arguments: dict[str, Any]
-) -> tuple[str, bool]:
-    """Label the boundary where the current turn started: the last persisted tip. It is
-    committed at once, so the label survives a crash later in the turn."""
-    if turn_start is None:
-        return "nothing to label yet: the conversation has no earlier turn", True
-    try:
-        checkpoint = services.checkpoint_create(
-            conversation=conversation,
-            label=arguments.get("label"),  # type: ignore[arg-type]
-            message_id=turn_start,
-            source=CheckpointSource.MODEL,
-        )
-    except ArborError as exc:
-        return f"{exc.code}: {exc.detail}", True
-    return f"checkpoint {checkpoint.label!r} labels message {checkpoint.message_id}", False
-
-
-@dataclass
-class _RewindOutcome:
-    text: str
-    is_error: bool
-    digest_id: uuid.UUID | None = None
-    persisted: list[str] = field(default_factory=list)
-
-
-def _model_rewind(
-    conversation: Conversation,
-    turn_start: uuid.UUID | None,
-    turn: list[dict[str, Any]],
-    results: list[dict[str, Any]],
-    call: dict[str, Any],
-    attempt: TurnAttempt,
-) -> _RewindOutcome:
-    """Persist the turn so far on the branch being abandoned, then rewind to the label
-    and append the digest — one transaction. An unknown or dropped label is a tool
-    error naming the reason, and nothing moves."""
-    arguments = call.get("arguments") or {}
-    label, digest = arguments.get("label"), arguments.get("digest")
-    checkpoint = (
-        Checkpoint.objects.filter(conversation=conversation, label=label)
-        .order_by("-created_at")
-        .first()
-        if isinstance(label, str)
-        else None
+    run = TurnRun(
+        conversation=conversation,
+        spec=spec,
+        attempt=attempt,
+        parent_id=parent_id,
+        user_parts=user_parts,
+        origin=origin,
+        # ``make_provider`` is read when the run opens it, not now (see __all__).
+        open_provider=lambda: make_provider(spec, load_blob=services.blob_read),
     )
-    if checkpoint is None:
-        return _RewindOutcome(f"unknown_checkpoint: no checkpoint labelled {label!r}", True)
-    live = Checkpoint.objects.filter(
-        conversation=conversation, label=label, state=CheckpointState.LIVE
-    ).exists()
-    if not live:
-        return _RewindOutcome(
-            f"checkpoint_dropped: checkpoint {label!r} was dropped: {checkpoint.reason}", True
-        )
-    if not isinstance(digest, str) or not digest.strip():
-        return _RewindOutcome("bad_digest: give a digest of what you learned", True)
-    answered = [*results, _result(call, f"rewound to checkpoint {label!r}", False)]
-    abandoned = [*turn, {"role": "tool", "parts": answered}]
-    try:
-        with transaction.atomic():
-            written = services.turn_append(
-                conversation=conversation,
-                parent_id=turn_start,
-                expected_version=None,
-                messages=_drafts(abandoned),
-                ends_in_rewind=True,
-            )
-            rewound = services.rewind(conversation=conversation, label=str(label), digest=digest)
-    except ArborError as exc:
-        return _RewindOutcome(f"{exc.code}: {exc.detail}", True)
-    # A retry of a failure after this point continues from the digest, not from scratch.
-    TurnAttempt.objects.filter(pk=attempt.pk).update(
-        parent_id=rewound.digest_message, input_parts=[]
-    )
-    return _RewindOutcome(
-        "rewound",
-        False,
-        digest_id=rewound.digest_message,
-        persisted=[str(mid) for mid in written.message_ids],
-    )
+    yield from run.events()
+
+
+def _turn_parent(conversation: Conversation, parent_id: Any) -> Any:
+    """The message the turn continues: the tip as it is now, or ``parent_id`` once it is
+    known to be a message of this conversation (None: a first message)."""
+    if parent_id is _AT_TIP:
+        try:
+            conversation.refresh_from_db(fields=["tip", "version"])
+        except Conversation.DoesNotExist:  # deleted a moment ago
+            raise NotFound(f"no such conversation: {conversation.pk}") from None
+        return conversation.tip_id
+    if (
+        parent_id is not None
+        and not Message.objects.filter(pk=parent_id, conversation=conversation).exists()
+    ):
+        raise InvalidInput(f"parent {parent_id} is not a message of this conversation")
+    return parent_id
 
 
 class TurnFailed(ArborError):
@@ -587,6 +263,15 @@ def retry_target(
         conversation = selectors.conversation_get(user=user, conversation_id=conversation_id)
     except NotFound:
         raise NothingLoaded("nothing loaded: there is no such conversation") from None
+    last, retry = _retry_claim(conversation)
+    if last is not None and retry is not None:
+        return conversation, last, retry
+    raise _nothing_to_retry(conversation, last)
+
+
+def _retry_claim(conversation: Conversation) -> tuple[TurnAttempt | None, TurnAttempt | None]:
+    """Under the conversation's row lock: the last attempt, and the retry's own attempt
+    when the last one failed (a stale running one is marked failed first)."""
     with transaction.atomic():
         if not Conversation.objects.select_for_update().filter(pk=conversation.pk).exists():
             raise NothingLoaded("nothing loaded: there is no such conversation")
@@ -594,27 +279,31 @@ def retry_target(
         if last is not None and attempt_is_stale(last):
             # Its process died mid-turn; the transcript holds the previous turn.
             last.status = AttemptStatus.FAILED
-            _attempt_finish(
-                last,
+            services.attempt_finish(
+                attempt=last,
                 status=AttemptStatus.FAILED,
                 code="interrupted",
                 text=f"the process running this turn ({last.worker}) stopped",
             )
-        if last is not None and last.status == AttemptStatus.FAILED:
-            retry = TurnAttempt.objects.create(
-                conversation=conversation,
-                parent_id=last.parent_id,
-                input_parts=last.input_parts,
-                model=last.model,
-                worker=_worker_name(),
-                retry_of=last,
-            )
-            return conversation, last, retry
+        if last is None or last.status != AttemptStatus.FAILED:
+            return last, None
+        retry = services.attempt_start(
+            conversation=conversation,
+            parent_id=last.parent_id,
+            input_parts=last.input_parts,
+            model=last.model,
+            retry_of=last,
+        )
+        return last, retry
+
+
+def _nothing_to_retry(conversation: Conversation, last: TurnAttempt | None) -> ArborError:
+    """Why there is nothing to retry when the last attempt did not fail."""
     if last is not None and last.status == AttemptStatus.RUNNING:
-        raise TurnInProgress("a turn is still running in this conversation")
+        return TurnInProgress("a turn is still running in this conversation")
     if last is None and not Message.objects.filter(conversation=conversation).exists():
-        raise NothingLoaded("nothing loaded: the conversation has no transcript")
-    raise NothingToRetry("nothing to retry: the last turn completed")
+        return NothingLoaded("nothing loaded: the conversation has no transcript")
+    return NothingToRetry("nothing to retry: the last turn completed")
 
 
 def retry_events(*, user: Any, conversation_id: Any) -> Iterator[dict[str, Any]]:
