@@ -30,6 +30,8 @@ class GatewayHandler(ASGIHandler):
         self._view_middleware: list[Any] = []
         self._template_response_middleware: list[Any] = []
         self._exception_middleware: list[Any] = []
+        # django-stubs leave out BaseHandler's private _get_response_async (the innermost
+        # handler Django itself wraps in load_middleware).
         handler = convert_exception_to_response(self._get_response_async)  # type: ignore[attr-defined]
         for path in reversed(GATEWAY_MIDDLEWARE):
             handler = convert_exception_to_response(import_string(path)(handler))

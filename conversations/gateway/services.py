@@ -29,7 +29,7 @@ from django.utils import timezone
 from PIL import Image, UnidentifiedImageError
 
 from compaction import services as compaction
-from compaction.estimate import message_tokens, request_tokens
+from compaction.estimate import Calibration, message_tokens, request_tokens
 from compaction.models import Trigger
 from conversations import selectors
 from conversations import services as tree
@@ -591,9 +591,7 @@ def forward_build(
     return _assemble(context, archived[0], pending, exchange)
 
 
-def step_target(
-    exchange: Exchange, spec: ModelSpec, budget: int, calibration: compaction.Calibration
-) -> int:
+def step_target(exchange: Exchange, spec: ModelSpec, budget: int, calibration: Calibration) -> int:
     """How far a compaction step goes: the fixed part of every request (the harness's
     system prompt and tool definitions, often tens of thousands of tokens) plus
     ``TARGET`` of the room the history has under the threshold."""

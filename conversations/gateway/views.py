@@ -465,13 +465,37 @@ async def _store_answer(prep: Prepared, answer: Any) -> None:
             usage=answer.usage,
             response_id=answer.id,
         )
+    await _write_exchange(prep, message, metadata)
+
+
+async def _write_exchange(
+    prep: Prepared, message: dict[str, Any], metadata: dict[str, Any]
+) -> None:
     try:
         await sync_to_async(_finish)(prep, message, metadata)
     except Exception:  # the harness still gets its answer; its next request stores it
         log.exception("gateway: writing the exchange failed")
 
 
-async def _handle(protocol: Protocol, request: HttpRequest) -> HttpResponseBase:
+def _whole_answer(prep: Prepared, result: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The assistant message and its metadata from a non-streamed upstream answer."""
+    if prep.protocol.name == "anthropic":
+        message = {"role": "assistant", "content": result.get("content") or []}
+        return message, wire.answer_metadata(result, model_id=prep.spec.id)
+    choice = (result.get("choices") or [{}])[0]
+    message = dict(choice.get("message") or {"role": "assistant", "content": ""})
+    metadata = wire.openai_answer_metadata(
+        message,
+        model_id=prep.spec.id,
+        finish_reason=choice.get("finish_reason"),
+        usage=result.get("usage") or {},
+        response_id=str(result.get("id", "")),
+    )
+    return message, metadata
+
+
+async def _prepared(protocol: Protocol, request: HttpRequest) -> Prepared | HttpResponseBase:
+    """The request checked, read and placed in the tree; or the error to answer with."""
     if request.method != "POST":
         return protocol.error(405, "invalid_request_error", "use POST")
     secret = _credential(request)
@@ -485,24 +509,29 @@ async def _handle(protocol: Protocol, request: HttpRequest) -> HttpResponseBase:
     headers = {k.lower(): v for k, v in request.headers.items()}
     try:
         # One trip to the database thread: the token, the placement, what to send.
-        prep = await sync_to_async(_prepare)(protocol, secret, headers, raw_body)
+        return await sync_to_async(_prepare)(protocol, secret, headers, raw_body)
     except _Unauthorized:
         return _unauthorized(protocol)
     except ArborError as exc:
         return _arbor_error(protocol, exc)
-    url = upstream.url_for(prep.spec, protocol.path, request.META.get("QUERY_STRING", ""))
-    out_headers = upstream.headers_for(prep.spec, dict(request.headers))
+
+
+async def _send_upstream(
+    prep: Prepared, url: str, headers: dict[str, str]
+) -> Any | HttpResponseBase:
+    """The upstream's response, its body not yet read; or the answer for the client when
+    the upstream is unreachable or refused (its own error, relayed as it is)."""
     response = None
     for _ in range(2):  # the request, and at most one retry after an overflow
         prep.attempts.append(prep.body)
         try:
-            response = await upstream.send(url, out_headers, prep.body)
+            response = await upstream.send(url, headers, prep.body)
         except Exception as exc:
-            return protocol.error(
+            return prep.protocol.error(
                 502, "api_error", f"the upstream is unreachable: {type(exc).__name__}"
             )
         if response.status_code == 200:
-            break
+            return response
         raw = await response.aread()
         await response.aclose()
         overflow = _overflow_of(response.status_code, raw)
@@ -515,9 +544,20 @@ async def _handle(protocol: Protocol, request: HttpRequest) -> HttpResponseBase:
             )
         prep.body = retry
     assert response is not None
+    return response
+
+
+async def _handle(protocol: Protocol, request: HttpRequest) -> HttpResponseBase:
+    prep = await _prepared(protocol, request)
+    if not isinstance(prep, Prepared):
+        return prep
+    url = upstream.url_for(prep.spec, protocol.path, request.META.get("QUERY_STRING", ""))
+    out_headers = upstream.headers_for(prep.spec, dict(request.headers))
+    response = await _send_upstream(prep, url, out_headers)
+    if isinstance(response, HttpResponseBase):
+        return response
     relayed = upstream.response_headers(response.headers)
-    body = prep.exchange.body
-    if body.get("stream"):
+    if prep.exchange.body.get("stream"):
         return StreamingHttpResponse(
             _relay(prep, response), headers={**relayed, "cache-control": "no-cache"}
         )
@@ -528,23 +568,7 @@ async def _handle(protocol: Protocol, request: HttpRequest) -> HttpResponseBase:
     except ValueError:
         result = None
     if isinstance(result, dict):
-        if protocol.name == "anthropic":
-            message = {"role": "assistant", "content": result.get("content") or []}
-            metadata = wire.answer_metadata(result, model_id=prep.spec.id)
-        else:
-            choice = (result.get("choices") or [{}])[0]
-            message = dict(choice.get("message") or {"role": "assistant", "content": ""})
-            metadata = wire.openai_answer_metadata(
-                message,
-                model_id=prep.spec.id,
-                finish_reason=choice.get("finish_reason"),
-                usage=result.get("usage") or {},
-                response_id=str(result.get("id", "")),
-            )
-        try:
-            await sync_to_async(_finish)(prep, message, metadata)
-        except Exception:
-            log.exception("gateway: writing the exchange failed")
+        await _write_exchange(prep, *_whole_answer(prep, result))
     return HttpResponse(raw, status=200, headers=relayed)
 
 

@@ -20,9 +20,9 @@ import base64
 import binascii
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 Part = dict[str, Any]
 Draft = dict[str, Any]  # {"role", "parts", "metadata"}
@@ -131,36 +131,30 @@ def _result_parts(content: Any, where: str) -> list[Part]:
     return parts
 
 
-def anthropic_drafts(message: Mapping[str, Any], where: str = "messages") -> list[Draft]:
-    """One Anthropic wire message as Arbor messages (see the module docstring)."""
-    role = message.get("role")
-    if role not in ("user", "assistant"):
-        raise WireError(f"{where}.role: must be 'user' or 'assistant', got {role!r}")
-    blocks = _anthropic_blocks(message.get("content", ""), where)
-    if role == "assistant":
-        parts: list[Part] = []
-        for block in blocks:
-            kind = block["type"]
-            if kind == "text":
-                parts.append({"type": "text", "text": _clean_text(block.get("text", ""))})
-            elif kind == "thinking":
-                part: Part = {"type": "thinking", "text": _clean_text(block.get("thinking", ""))}
-                if block.get("signature"):
-                    part["signature"] = str(block["signature"])
-                parts.append(part)
-            elif kind == "tool_use":
-                arguments = block.get("input")
-                parts.append(
-                    {
-                        "type": "tool_call",
-                        "id": str(block.get("id", "")),
-                        "name": str(block.get("name", "")),
-                        "arguments": arguments if isinstance(arguments, dict) else {},
-                    }
-                )
-            else:
-                parts.append(_other_text(block))
-        return [{"role": "assistant", "parts": parts or [{"type": "text", "text": ""}]}]
+def _assistant_part(block: Mapping[str, Any]) -> Part:
+    """One block of an Anthropic assistant message as an Arbor part."""
+    kind = block["type"]
+    if kind == "text":
+        return {"type": "text", "text": _clean_text(block.get("text", ""))}
+    if kind == "thinking":
+        part: Part = {"type": "thinking", "text": _clean_text(block.get("thinking", ""))}
+        if block.get("signature"):
+            part["signature"] = str(block["signature"])
+        return part
+    if kind == "tool_use":
+        arguments = block.get("input")
+        return {
+            "type": "tool_call",
+            "id": str(block.get("id", "")),
+            "name": str(block.get("name", "")),
+            "arguments": arguments if isinstance(arguments, dict) else {},
+        }
+    return _other_text(block)
+
+
+def _user_drafts(blocks: Sequence[Mapping[str, Any]], where: str) -> list[Draft]:
+    """An Anthropic user message: its tool results as a ``tool`` message, then whatever
+    else it says as a ``user`` message (an empty one when it says nothing at all)."""
     results: list[Part] = []
     rest: list[Part] = []
     for i, block in enumerate(blocks):
@@ -186,6 +180,19 @@ def anthropic_drafts(message: Mapping[str, Any], where: str = "messages") -> lis
     if rest or not results:
         drafts.append({"role": "user", "parts": rest or [{"type": "text", "text": ""}]})
     return drafts
+
+
+def anthropic_drafts(message: Mapping[str, Any], where: str = "messages") -> list[Draft]:
+    """One Anthropic wire message as Arbor messages (see the module docstring)."""
+    role = message.get("role")
+    if role not in ("user", "assistant"):
+        raise WireError(f"{where}.role: must be 'user' or 'assistant', got {role!r}")
+    blocks = _anthropic_blocks(message.get("content", ""), where)
+    if role == "user":
+        return _user_drafts(blocks, where)
+    parts = [_assistant_part(block) for block in blocks]
+    # Arbor keeps no message without parts; an empty answer is an empty text.
+    return [{"role": "assistant", "parts": parts or [{"type": "text", "text": ""}]}]
 
 
 def anthropic_system_text(system: Any) -> str:
@@ -214,43 +221,64 @@ class AnthropicAnswer:
 
     def feed(self, event: Mapping[str, Any]) -> None:
         kind = event.get("type")
-        if kind == "message_start":
-            self.message = dict(event.get("message") or {})
-        elif kind == "content_block_start":
-            self.blocks[int(event.get("index", 0))] = dict(event.get("content_block") or {})
-        elif kind == "content_block_delta":
-            index = int(event.get("index", 0))
-            block = self.blocks.setdefault(index, {"type": "text", "text": ""})
-            delta = event.get("delta") or {}
-            dtype = delta.get("type")
-            if dtype == "text_delta":
-                block["text"] = block.get("text", "") + delta.get("text", "")
-            elif dtype == "thinking_delta":
-                block["thinking"] = block.get("thinking", "") + delta.get("thinking", "")
-            elif dtype == "signature_delta":
-                block["signature"] = block.get("signature", "") + delta.get("signature", "")
-            elif dtype == "input_json_delta":
-                self.partial_json[index] = self.partial_json.get(index, "") + delta.get(
-                    "partial_json", ""
-                )
-            elif dtype == "citations_delta":
-                block.setdefault("citations", []).append(delta.get("citation"))
-        elif kind == "content_block_stop":
-            index = int(event.get("index", 0))
-            if index in self.partial_json:
-                raw = self.partial_json.pop(index)
-                try:
-                    self.blocks[index]["input"] = json.loads(raw) if raw.strip() else {}
-                except json.JSONDecodeError:
-                    self.blocks[index]["input"] = {}
-        elif kind == "message_delta":
-            delta = event.get("delta") or {}
-            self.message.update({k: v for k, v in delta.items() if v is not None})
-            usage = dict(self.message.get("usage") or {})
-            usage.update(event.get("usage") or {})
-            self.message["usage"] = usage
-        elif kind == "message_stop":
-            self.complete = True
+        handler = self._HANDLERS.get(kind) if isinstance(kind, str) else None
+        # ping, error and events the protocol adds later change nothing in the answer.
+        if handler is not None:
+            handler(self, event)
+
+    def _on_message_start(self, event: Mapping[str, Any]) -> None:
+        self.message = dict(event.get("message") or {})
+
+    def _on_block_start(self, event: Mapping[str, Any]) -> None:
+        self.blocks[int(event.get("index", 0))] = dict(event.get("content_block") or {})
+
+    def _on_block_delta(self, event: Mapping[str, Any]) -> None:
+        index = int(event.get("index", 0))
+        block = self.blocks.setdefault(index, {"type": "text", "text": ""})
+        delta = event.get("delta") or {}
+        dtype = delta.get("type")
+        if dtype == "text_delta":
+            block["text"] = block.get("text", "") + delta.get("text", "")
+        elif dtype == "thinking_delta":
+            block["thinking"] = block.get("thinking", "") + delta.get("thinking", "")
+        elif dtype == "signature_delta":
+            block["signature"] = block.get("signature", "") + delta.get("signature", "")
+        elif dtype == "input_json_delta":
+            self.partial_json[index] = self.partial_json.get(index, "") + delta.get(
+                "partial_json", ""
+            )
+        elif dtype == "citations_delta":
+            block.setdefault("citations", []).append(delta.get("citation"))
+
+    def _on_block_stop(self, event: Mapping[str, Any]) -> None:
+        index = int(event.get("index", 0))
+        if index in self.partial_json:
+            # A tool call's input arrives as JSON text in pieces; whole only now.
+            raw = self.partial_json.pop(index)
+            try:
+                self.blocks[index]["input"] = json.loads(raw) if raw.strip() else {}
+            except json.JSONDecodeError:
+                self.blocks[index]["input"] = {}
+
+    def _on_message_delta(self, event: Mapping[str, Any]) -> None:
+        delta = event.get("delta") or {}
+        self.message.update({k: v for k, v in delta.items() if v is not None})
+        # The final usage adds to message_start's (output tokens); keep both.
+        usage = dict(self.message.get("usage") or {})
+        usage.update(event.get("usage") or {})
+        self.message["usage"] = usage
+
+    def _on_message_stop(self, event: Mapping[str, Any]) -> None:
+        self.complete = True
+
+    _HANDLERS: ClassVar[dict[str, Callable[[AnthropicAnswer, Mapping[str, Any]], None]]] = {
+        "message_start": _on_message_start,
+        "content_block_start": _on_block_start,
+        "content_block_delta": _on_block_delta,
+        "content_block_stop": _on_block_stop,
+        "message_delta": _on_message_delta,
+        "message_stop": _on_message_stop,
+    }
 
     def result(self) -> dict[str, Any]:
         """The message as a non-streaming answer would give it."""
@@ -430,26 +458,33 @@ class OpenAIAnswer:
         if chunk.get("usage"):
             self.usage = dict(chunk["usage"])
         for choice in chunk.get("choices") or []:
+            # The gateway relays choice 0 only (n > 1 is not something harnesses ask).
             if choice.get("index", 0) != 0:
                 continue
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
-                self.message["content"] = (self.message.get("content") or "") + delta["content"]
-            for key in ("reasoning_content", "reasoning"):
-                if isinstance(delta.get(key), str):
-                    self.message[key] = self.message.get(key, "") + delta[key]
-            for call in delta.get("tool_calls") or []:
-                slot = self.calls.setdefault(
-                    int(call.get("index", 0)),
-                    {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
-                )
-                if call.get("id"):
-                    slot["id"] = call["id"]
-                function = call.get("function") or {}
-                slot["function"]["name"] += function.get("name") or ""
-                slot["function"]["arguments"] += function.get("arguments") or ""
+            self._feed_delta(choice.get("delta") or {})
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
+
+    def _feed_delta(self, delta: Mapping[str, Any]) -> None:
+        if delta.get("content"):
+            self.message["content"] = (self.message.get("content") or "") + delta["content"]
+        for key in ("reasoning_content", "reasoning"):
+            if isinstance(delta.get(key), str):
+                self.message[key] = self.message.get(key, "") + delta[key]
+        for call in delta.get("tool_calls") or []:
+            self._feed_call(call)
+
+    def _feed_call(self, call: Mapping[str, Any]) -> None:
+        """Merge one tool-call fragment: the id once, name and arguments in pieces."""
+        slot = self.calls.setdefault(
+            int(call.get("index", 0)),
+            {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+        )
+        if call.get("id"):
+            slot["id"] = call["id"]
+        function = call.get("function") or {}
+        slot["function"]["name"] += function.get("name") or ""
+        slot["function"]["arguments"] += function.get("arguments") or ""
 
     def result(self) -> dict[str, Any]:
         message = dict(self.message)

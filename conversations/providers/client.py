@@ -262,13 +262,10 @@ def _error_fields(body: Any) -> tuple[str, str | None]:
     return "", None
 
 
-def normalize_error(exc: BaseException, *, provider: str) -> ProviderError:
-    """An SDK or transport exception → one of the errors in errors.py.
-
-    The message is the provider's own error text (redacted), never ``str(exc)``.
-    """
-    if isinstance(exc, ProviderError):
-        return exc
+def _deadline_error(exc: BaseException, provider: str) -> ProviderError | None:
+    """The error for a call our own clocks cut short, or None when they did not."""
+    # Checked before the SDK's classes: our timeouts subclass httpx's and may be wrapped
+    # in an SDK timeout error, which would otherwise read as a plain "did not answer".
     if _caused_by(exc, DeadlineExceeded):
         return ProviderUnavailable(
             "the model did not finish its answer within the call's deadline "
@@ -282,32 +279,43 @@ def normalize_error(exc: BaseException, *, provider: str) -> ProviderError:
             code="first_byte_timeout",
             provider=provider,
         )
-    if isinstance(exc, openai.APIStatusError | anthropic.APIStatusError):
-        status = exc.status_code
-        headers = exc.response.headers
-        request_id = headers.get("x-request-id") or headers.get("request-id")
-        message, code = _error_fields(exc.body)
-        message = message or f"the provider answered HTTP {status}"
-        common: dict[str, Any] = {
-            "status": status,
-            "provider": provider,
-            "request_id": request_id,
-        }
-        if status != 429:
-            overflow = parse_overflow(message, code)
-            if overflow is not None or status == 413:
-                measured, limit = overflow or (None, None)
-                return ContextOverflow(measured, limit, message=message, **common)
-        retry_after = retry_after_seconds(headers)
-        if status == 429 or code in ("rate_limit_error", "rate_limit_exceeded"):
-            return RateLimited(message, code=None, retry_after=retry_after, **common)
-        if status in (401, 403):
-            return AuthenticationFailed(message, **common)
-        if status == 408 or status >= 500 or code in _UNAVAILABLE_TYPES:
-            return ProviderUnavailable(message, retry_after=retry_after, **common)
-        if 400 <= status < 500:
-            return BadRequest(message, **common)
-        return ProviderError(message, **common)
+    return None
+
+
+def _status_error(
+    exc: openai.APIStatusError | anthropic.APIStatusError, provider: str
+) -> ProviderError:
+    """The error for an HTTP error answer, classified by status and the body's code."""
+    status = exc.status_code
+    headers = exc.response.headers
+    request_id = headers.get("x-request-id") or headers.get("request-id")
+    message, code = _error_fields(exc.body)
+    message = message or f"the provider answered HTTP {status}"
+    common: dict[str, Any] = {
+        "status": status,
+        "provider": provider,
+        "request_id": request_id,
+    }
+    # A 429 whose text mentions tokens is a rate limit, not an overflow.
+    if status != 429:
+        overflow = parse_overflow(message, code)
+        if overflow is not None or status == 413:
+            measured, limit = overflow or (None, None)
+            return ContextOverflow(measured, limit, message=message, **common)
+    retry_after = retry_after_seconds(headers)
+    if status == 429 or code in ("rate_limit_error", "rate_limit_exceeded"):
+        return RateLimited(message, code=None, retry_after=retry_after, **common)
+    if status in (401, 403):
+        return AuthenticationFailed(message, **common)
+    if status == 408 or status >= 500 or code in _UNAVAILABLE_TYPES:
+        return ProviderUnavailable(message, retry_after=retry_after, **common)
+    if 400 <= status < 500:
+        return BadRequest(message, **common)
+    return ProviderError(message, **common)
+
+
+def _client_error(exc: BaseException, provider: str) -> ProviderError | None:
+    """The error for a failure without an HTTP answer, or None for a foreign exception."""
     if isinstance(
         exc, openai.APITimeoutError | anthropic.APITimeoutError | httpx2.TimeoutException
     ):
@@ -321,8 +329,9 @@ def normalize_error(exc: BaseException, *, provider: str) -> ProviderError:
             "could not reach the model provider", code="connection_failed", provider=provider
         )
     if isinstance(exc, openai.APIError | anthropic.APIError):
-        message, code = _error_fields(exc.body)
+        message, _code = _error_fields(exc.body)
         return ProviderError(message or "the model provider reported an error", provider=provider)
+    # The SDKs raise a bare TypeError when neither a key nor an auth header is set.
     if isinstance(exc, TypeError) and "authentication method" in str(exc):
         return AuthenticationFailed(
             "no credentials for the model provider are configured", provider=provider
@@ -331,7 +340,26 @@ def normalize_error(exc: BaseException, *, provider: str) -> ProviderError:
         return ProviderError(
             f"the model provider client failed ({type(exc).__name__})", provider=provider
         )
-    raise exc
+    return None
+
+
+def normalize_error(exc: BaseException, *, provider: str) -> ProviderError:
+    """An SDK or transport exception → one of the errors in errors.py.
+
+    The message is the provider's own error text (redacted), never ``str(exc)``.
+    Anything that is not a provider failure (a bug of ours) is raised again unchanged.
+    """
+    if isinstance(exc, ProviderError):
+        return exc
+    error = _deadline_error(exc, provider)
+    if error is not None:
+        return error
+    if isinstance(exc, openai.APIStatusError | anthropic.APIStatusError):
+        return _status_error(exc, provider)
+    error = _client_error(exc, provider)
+    if error is None:
+        raise exc
+    return error
 
 
 def _raise_normalized(exc: BaseException, provider: str) -> NoReturn:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from conversations.providers.base import (
     Done,
@@ -136,6 +136,67 @@ def openai_tools(tools: Sequence[ToolSpec | Mapping[str, Any]]) -> list[dict[str
     return out
 
 
+def _openai_assistant(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """One assistant message, or None when nothing in it can travel (e.g. thinking only)."""
+    text = "".join(_texts(parts))
+    calls = [
+        {
+            "id": p["id"],
+            "type": "function",
+            "function": {
+                "name": p["name"],
+                "arguments": _arguments_json(p.get("arguments") or {}),
+            },
+        }
+        for p in parts
+        if p.get("type") == "tool_call"
+    ]
+    if not text and not calls:
+        return None
+    entry: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if calls:
+        entry["tool_calls"] = calls
+    return entry
+
+
+def _openai_tool_results(
+    parts: Sequence[Mapping[str, Any]],
+    load_blob: LoadBlob | None,
+    pending_images: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """One ``role: tool`` message per tool_result; their images go to ``pending_images``,
+    to be sent in the user message that follows the tool messages."""
+    out: list[dict[str, Any]] = []
+    for result in parts:
+        if result.get("type") != "tool_result":
+            continue
+        inner: Sequence[Mapping[str, Any]] = result.get("parts") or []
+        lines = _texts(inner)
+        images = [p for p in inner if p.get("type") == "image"]
+        if images:
+            lines.append(TOOL_IMAGE_NOTE)
+            pending_images.extend(_openai_image(p, load_blob) for p in images)
+        content = "\n".join(lines) or EMPTY_TOOL_RESULT
+        if result.get("is_error"):
+            content = TOOL_ERROR_PREFIX + content
+        out.append({"role": "tool", "tool_call_id": result["call_id"], "content": content})
+    return out
+
+
+def _openai_message(
+    role: str, parts: Sequence[Mapping[str, Any]], load_blob: LoadBlob | None
+) -> list[dict[str, Any]]:
+    """The chat-completions messages for one non-tool Arbor message (none or one)."""
+    if role == "system":
+        return [{"role": "system", "content": "\n\n".join(_texts(parts))}]
+    if role == "user":
+        return [{"role": "user", "content": _openai_user_content(parts, load_blob)}]
+    if role == "assistant":
+        entry = _openai_assistant(parts)
+        return [entry] if entry is not None else []
+    raise ValueError(f"unknown message role {role!r}")
+
+
 def to_openai(
     messages: Sequence[Mapping[str, Any]],
     *,
@@ -161,48 +222,12 @@ def to_openai(
     for message in messages:
         role = message["role"]
         parts: Sequence[Mapping[str, Any]] = message.get("parts") or []
-        if role != "tool":
-            flush_images()
-        if role == "system":
-            out.append({"role": "system", "content": "\n\n".join(_texts(parts))})
-        elif role == "user":
-            out.append({"role": "user", "content": _openai_user_content(parts, load_blob)})
-        elif role == "assistant":
-            text = "".join(_texts(parts))
-            calls = [
-                {
-                    "id": p["id"],
-                    "type": "function",
-                    "function": {
-                        "name": p["name"],
-                        "arguments": _arguments_json(p.get("arguments") or {}),
-                    },
-                }
-                for p in parts
-                if p.get("type") == "tool_call"
-            ]
-            if not text and not calls:
-                continue  # e.g. a thinking-only message: nothing the protocol can carry
-            entry: dict[str, Any] = {"role": "assistant", "content": text or None}
-            if calls:
-                entry["tool_calls"] = calls
-            out.append(entry)
-        elif role == "tool":
-            for result in parts:
-                if result.get("type") != "tool_result":
-                    continue
-                inner: Sequence[Mapping[str, Any]] = result.get("parts") or []
-                lines = _texts(inner)
-                images = [p for p in inner if p.get("type") == "image"]
-                if images:
-                    lines.append(TOOL_IMAGE_NOTE)
-                    pending_images.extend(_openai_image(p, load_blob) for p in images)
-                content = "\n".join(lines) or EMPTY_TOOL_RESULT
-                if result.get("is_error"):
-                    content = TOOL_ERROR_PREFIX + content
-                out.append({"role": "tool", "tool_call_id": result["call_id"], "content": content})
-        else:
-            raise ValueError(f"unknown message role {role!r}")
+        if role == "tool":
+            # Consecutive tool messages share one user message for their images.
+            out.extend(_openai_tool_results(parts, load_blob, pending_images))
+            continue
+        flush_images()
+        out.extend(_openai_message(role, parts, load_blob))
     flush_images()
     return OpenAIPayload(messages=out, tools=openai_tools(tools))
 
@@ -487,35 +512,48 @@ class OpenAIStreamAccumulator:
         if chunk.get("usage"):
             self.usage = _openai_usage(chunk["usage"])
         for choice in chunk.get("choices") or []:
+            # We ask for one choice; other indexes would be another answer entirely.
             if choice.get("index", 0) != 0:
                 continue
-            delta = choice.get("delta") or {}
-            if thinking := _reasoning(delta):
-                self.thinking.append(thinking)
-                events.append(ThinkingDelta(thinking))
-            for key in ("content", "refusal"):
-                if delta.get(key):
-                    self.text.append(delta[key])
-                    events.append(TextDelta(delta[key]))
-            for raw in delta.get("tool_calls") or []:
-                index = int(raw.get("index") or 0)
-                function = raw.get("function") or {}
-                call = self.calls.get(index)
-                if call is None:
-                    call = self.calls[index] = _Call(index=index, id="", name="")
-                if raw.get("id"):
-                    call.id = raw["id"]
-                if function.get("name"):
-                    call.name = function["name"]
-                call.arguments += function.get("arguments") or ""
-                if not call.started and call.name:
-                    call.id = call.id or _new_call_id()
-                    call.started = True
-                    events.append(ToolCallStarted(index=index, id=call.id, name=call.name))
+            events.extend(self._feed_delta(choice.get("delta") or {}))
             if choice.get("finish_reason"):
                 self.raw_finish = choice["finish_reason"]
                 events.extend(self._finish_calls())
         return events
+
+    def _feed_delta(self, delta: Mapping[str, Any]) -> list[StreamEvent]:
+        """Thinking, then text, then tool-call fragments of one choice's delta."""
+        events: list[StreamEvent] = []
+        if thinking := _reasoning(delta):
+            self.thinking.append(thinking)
+            events.append(ThinkingDelta(thinking))
+        for key in ("content", "refusal"):
+            if delta.get(key):
+                self.text.append(delta[key])
+                events.append(TextDelta(delta[key]))
+        for raw in delta.get("tool_calls") or []:
+            started = self._feed_call(raw)
+            if started is not None:
+                events.append(started)
+        return events
+
+    def _feed_call(self, raw: Mapping[str, Any]) -> StreamEvent | None:
+        """Merge one tool-call fragment; a ToolCallStarted once the call has its name."""
+        index = int(raw.get("index") or 0)
+        function = raw.get("function") or {}
+        call = self.calls.get(index)
+        if call is None:
+            call = self.calls[index] = _Call(index=index, id="", name="")
+        if raw.get("id"):
+            call.id = raw["id"]
+        if function.get("name"):
+            call.name = function["name"]
+        call.arguments += function.get("arguments") or ""
+        if call.started or not call.name:
+            return None
+        call.id = call.id or _new_call_id()
+        call.started = True
+        return ToolCallStarted(index=index, id=call.id, name=call.name)
 
     def _finish_calls(self) -> list[StreamEvent]:
         events: list[StreamEvent] = []
@@ -564,54 +602,77 @@ class AnthropicStreamAccumulator:
 
     def feed(self, event: Mapping[str, Any]) -> list[StreamEvent]:
         kind = event.get("type")
-        events: list[StreamEvent] = []
-        if kind == "message_start":
-            message = event.get("message") or {}
-            self.model = message.get("model")
-            self.response_id = message.get("id")
-            self.usage = _anthropic_usage(message.get("usage"), self.usage)
-        elif kind == "content_block_start":
-            index = int(event.get("index") or 0)
-            block = dict(event.get("content_block") or {})
-            self.blocks[index] = block
-            if block.get("type") == "tool_use":
-                # The start block carries input {}; the real input arrives as JSON deltas.
-                self.json[index] = []
-                ordinal = self.tool_ordinal[index] = len(self.tool_ordinal)
-                block["id"] = block.get("id") or _new_call_id()
-                events.append(ToolCallStarted(index=ordinal, id=block["id"], name=block["name"]))
-            elif block.get("type") == "text" and block.get("text"):
-                events.append(TextDelta(block["text"]))
-        elif kind == "content_block_delta":
-            index = int(event.get("index") or 0)
-            block = self.blocks.setdefault(index, {"type": "text", "text": ""})
-            delta = event.get("delta") or {}
-            dtype = delta.get("type")
-            if dtype == "text_delta":
-                block["text"] = (block.get("text") or "") + delta.get("text", "")
-                events.append(TextDelta(delta.get("text", "")))
-            elif dtype == "thinking_delta":
-                block["thinking"] = (block.get("thinking") or "") + delta.get("thinking", "")
-                events.append(ThinkingDelta(delta.get("thinking", "")))
-            elif dtype == "signature_delta":
-                block["signature"] = (block.get("signature") or "") + delta.get("signature", "")
-            elif dtype == "input_json_delta":
-                self.json.setdefault(index, []).append(delta.get("partial_json", ""))
-        elif kind == "content_block_stop":
-            index = int(event.get("index") or 0)
-            block = self.blocks.get(index, {})
-            if block.get("type") == "tool_use":
-                block["input"] = "".join(self.json.get(index, [])) or block.get("input")
-                part = _anthropic_part(block)
-                if part is not None and not block.get("_finished"):
-                    block["_finished"] = True
-                    events.append(ToolCallFinished(index=self.tool_ordinal[index], part=part))
-        elif kind == "message_delta":
-            delta = event.get("delta") or {}
-            if delta.get("stop_reason"):
-                self.raw_finish = delta["stop_reason"]
-            self.usage = _anthropic_usage(event.get("usage"), self.usage)
-        return events
+        handler = self._HANDLERS.get(kind) if isinstance(kind, str) else None
+        # Unknown events (ping, and any the protocol adds later) carry nothing we keep.
+        return handler(self, event) if handler is not None else []
+
+    def _on_message_start(self, event: Mapping[str, Any]) -> list[StreamEvent]:
+        message = event.get("message") or {}
+        self.model = message.get("model")
+        self.response_id = message.get("id")
+        self.usage = _anthropic_usage(message.get("usage"), self.usage)
+        return []
+
+    def _on_block_start(self, event: Mapping[str, Any]) -> list[StreamEvent]:
+        index = int(event.get("index") or 0)
+        block = dict(event.get("content_block") or {})
+        self.blocks[index] = block
+        if block.get("type") == "tool_use":
+            # The start block carries input {}; the real input arrives as JSON deltas.
+            self.json[index] = []
+            ordinal = self.tool_ordinal[index] = len(self.tool_ordinal)
+            block["id"] = block.get("id") or _new_call_id()
+            return [ToolCallStarted(index=ordinal, id=block["id"], name=block["name"])]
+        if block.get("type") == "text" and block.get("text"):
+            return [TextDelta(block["text"])]
+        return []
+
+    def _on_block_delta(self, event: Mapping[str, Any]) -> list[StreamEvent]:
+        index = int(event.get("index") or 0)
+        block = self.blocks.setdefault(index, {"type": "text", "text": ""})
+        delta = event.get("delta") or {}
+        dtype = delta.get("type")
+        if dtype == "text_delta":
+            block["text"] = (block.get("text") or "") + delta.get("text", "")
+            return [TextDelta(delta.get("text", ""))]
+        if dtype == "thinking_delta":
+            block["thinking"] = (block.get("thinking") or "") + delta.get("thinking", "")
+            return [ThinkingDelta(delta.get("thinking", ""))]
+        if dtype == "signature_delta":
+            block["signature"] = (block.get("signature") or "") + delta.get("signature", "")
+        elif dtype == "input_json_delta":
+            self.json.setdefault(index, []).append(delta.get("partial_json", ""))
+        return []
+
+    def _on_block_stop(self, event: Mapping[str, Any]) -> list[StreamEvent]:
+        index = int(event.get("index") or 0)
+        block = self.blocks.get(index, {})
+        if block.get("type") != "tool_use":
+            return []
+        block["input"] = "".join(self.json.get(index, [])) or block.get("input")
+        part = _anthropic_part(block)
+        # finish() may stop a call the stream already stopped: report it once.
+        if part is None or block.get("_finished"):
+            return []
+        block["_finished"] = True
+        return [ToolCallFinished(index=self.tool_ordinal[index], part=part)]
+
+    def _on_message_delta(self, event: Mapping[str, Any]) -> list[StreamEvent]:
+        delta = event.get("delta") or {}
+        if delta.get("stop_reason"):
+            self.raw_finish = delta["stop_reason"]
+        self.usage = _anthropic_usage(event.get("usage"), self.usage)
+        return []
+
+    _HANDLERS: ClassVar[
+        dict[str, Callable[[AnthropicStreamAccumulator, Mapping[str, Any]], list[StreamEvent]]]
+    ] = {
+        "message_start": _on_message_start,
+        "content_block_start": _on_block_start,
+        "content_block_delta": _on_block_delta,
+        "content_block_stop": _on_block_stop,
+        "message_delta": _on_message_delta,
+    }
 
     def finish(self) -> list[StreamEvent]:
         events: list[StreamEvent] = []

@@ -452,6 +452,35 @@ class RecordedRequest:
         }
 
 
+class _Refused(Exception):
+    """A request the fake answers with an error: the status, body and extra headers."""
+
+    def __init__(self, status: int, payload: Any, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(status)
+        self.status = status
+        self.payload = payload
+        self.headers = headers
+
+
+def _masked_key(handler: BaseHTTPRequestHandler) -> str:
+    # The real services echo a masked key; so does the fake, to test redaction.
+    given = handler.headers.get("authorization") or handler.headers.get("x-api-key")
+    masked = (given or "").removeprefix("Bearer ")
+    return f"{masked[:8]}****{masked[-4:]}" if len(masked) > 12 else "****"
+
+
+def _request_error(protocol: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The protocol's 400 body for messages it would not take (none, or tool calls and
+    results that do not pair up), or None."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        error_shape = openai_error if protocol == "openai" else anthropic_error
+        return error_shape("messages: at least one message is required")
+    if protocol == "openai":
+        return openai_pairing_error(messages)
+    return anthropic_pairing_error(messages) or anthropic_request_error(body)
+
+
 _OPENAI_FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls"}
 _ANTHROPIC_FINISH = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
@@ -547,6 +576,234 @@ def _pieces(text: str) -> list[str]:
 
 def _json_pieces(text: str, size: int = 8) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
+# --- the answers, in each protocol's shapes ---------------------------------------------
+
+_Calls = Sequence[tuple[str, str, str]]  # (id, name, arguments JSON text) per tool call
+
+
+@dataclass
+class _OpenAIReply:
+    """One answer as chat completions says it: a whole completion, or its chunks."""
+
+    step: Step
+    calls: _Calls
+    finish: str
+    usage: dict[str, int]
+    response_id: str
+    created: int
+    model: Any
+    include_usage: bool
+
+    def completion(self) -> dict[str, Any]:
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": self.step.text or None,
+            "refusal": None,
+        }
+        if self.step.thinking:
+            message["reasoning_content"] = self.step.thinking
+        if self.calls:
+            message["tool_calls"] = [
+                {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+                for cid, name, args in self.calls
+            ]
+        return {
+            "id": self.response_id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [
+                {"index": 0, "message": message, "logprobs": None, "finish_reason": self.finish}
+            ],
+            "usage": self.usage,
+            "system_fingerprint": "fp_arbor_fake",
+        }
+
+    def _chunk(self, choices: list[dict[str, Any]], usage_value: Any = None) -> str:
+        data: dict[str, Any] = {
+            "id": self.response_id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "fp_arbor_fake",
+            "choices": choices,
+        }
+        # With include_usage, every chunk has a usage key (null until the last one).
+        if self.include_usage:
+            data["usage"] = usage_value
+        return json.dumps(data, ensure_ascii=False)
+
+    def _delta(self, value: dict[str, Any], finish_reason: str | None = None) -> str:
+        return self._chunk(
+            [{"index": 0, "delta": value, "logprobs": None, "finish_reason": finish_reason}]
+        )
+
+    def _call_chunks(self, index: int, cid: str, name: str, args: str) -> Iterator[str]:
+        # The first delta names the call; its arguments follow in small pieces.
+        yield self._delta(
+            {
+                "tool_calls": [
+                    {
+                        "index": index,
+                        "id": cid,
+                        "type": "function",
+                        "function": {"name": name, "arguments": ""},
+                    }
+                ]
+            }
+        )
+        for piece in _json_pieces(args):
+            yield self._delta({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+
+    def chunks(self) -> Iterator[str]:
+        """The SSE data lines: role, thinking, text, tool calls, finish, usage, [DONE]."""
+        yield self._delta({"role": "assistant", "content": "", "refusal": None})
+        for piece in _pieces(self.step.thinking):
+            yield self._delta({"reasoning_content": piece})
+        for piece in _pieces(self.step.text):
+            yield self._delta({"content": piece})
+        for index, (cid, name, args) in enumerate(self.calls):
+            yield from self._call_chunks(index, cid, name, args)
+        yield self._delta({}, self.finish)
+        if self.include_usage:
+            yield self._chunk([], self.usage)
+        yield "[DONE]"
+
+
+def _sse_event(kind: str, data: dict[str, Any]) -> tuple[str, str | None]:
+    """An Anthropic SSE event: its data line and its ``event:`` name."""
+    return json.dumps({"type": kind, **data}, ensure_ascii=False), kind
+
+
+def _anthropic_content(step: Step, calls: _Calls) -> list[dict[str, Any]]:
+    """The answer's content blocks: thinking (signed), text, then tool_use blocks."""
+    blocks: list[dict[str, Any]] = []
+    if step.thinking:
+        # Real signatures are opaque; a hash of the thinking stands in, the same every run.
+        signature = base64.b64encode(hashlib.sha256(step.thinking.encode()).digest()).decode()
+        blocks.append({"type": "thinking", "thinking": step.thinking, "signature": signature})
+    if step.text:
+        blocks.append({"type": "text", "text": step.text})
+    for cid, name, args in calls:
+        try:
+            tool_input = json.loads(args)
+        except ValueError:
+            tool_input = {"_raw": args}
+        blocks.append({"type": "tool_use", "id": cid, "name": name, "input": tool_input})
+    return blocks
+
+
+def _thinking_events(index: int, block: Mapping[str, Any]) -> Iterator[tuple[str, str | None]]:
+    yield _sse_event(
+        "content_block_start",
+        {"index": index, "content_block": {"type": "thinking", "thinking": ""}},
+    )
+    for piece in _pieces(block["thinking"]):
+        yield _sse_event(
+            "content_block_delta",
+            {"index": index, "delta": {"type": "thinking_delta", "thinking": piece}},
+        )
+    yield _sse_event(
+        "content_block_delta",
+        {"index": index, "delta": {"type": "signature_delta", "signature": block["signature"]}},
+    )
+
+
+def _text_events(index: int, block: Mapping[str, Any]) -> Iterator[tuple[str, str | None]]:
+    yield _sse_event(
+        "content_block_start",
+        {"index": index, "content_block": {"type": "text", "text": ""}},
+    )
+    for piece in _pieces(block["text"]):
+        yield _sse_event(
+            "content_block_delta",
+            {"index": index, "delta": {"type": "text_delta", "text": piece}},
+        )
+
+
+@dataclass
+class _AnthropicReply:
+    """One answer as the Messages API says it: a whole message, or its SSE events."""
+
+    calls: _Calls
+    blocks: list[dict[str, Any]]
+    stop_reason: str
+    usage: dict[str, int]
+    completion: int
+    message_id: str
+    model: Any
+
+    def message(self) -> dict[str, Any]:
+        return {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": self.blocks,
+            "stop_reason": self.stop_reason,
+            "stop_sequence": None,
+            "usage": self.usage,
+        }
+
+    def _tool_use_events(
+        self, index: int, block: Mapping[str, Any]
+    ) -> Iterator[tuple[str, str | None]]:
+        start = {"type": "tool_use", "id": block["id"], "name": block["name"]}
+        yield _sse_event(
+            "content_block_start",
+            {"index": index, "content_block": {**start, "input": {}}},
+        )
+        # The arguments as the script wrote them, not re-serialised from the block.
+        args = next(a for c, _, a in self.calls if c == block["id"])
+        for piece in _json_pieces(args):
+            yield _sse_event(
+                "content_block_delta",
+                {"index": index, "delta": {"type": "input_json_delta", "partial_json": piece}},
+            )
+
+    def _block_events(
+        self, index: int, block: Mapping[str, Any]
+    ) -> Iterator[tuple[str, str | None]]:
+        kind = block["type"]
+        if kind == "thinking":
+            yield from _thinking_events(index, block)
+        elif kind == "text":
+            yield from _text_events(index, block)
+        else:
+            yield from self._tool_use_events(index, block)
+        yield _sse_event("content_block_stop", {"index": index})
+
+    def events(self) -> Iterator[tuple[str, str | None]]:
+        """message_start, ping, each block's start / deltas / stop, message_delta, stop."""
+        yield _sse_event(
+            "message_start",
+            {
+                "message": {
+                    "id": self.message_id,
+                    "type": "message",
+                    "role": "assistant",
+                    "model": self.model,
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    # The real API reports 1 output token at the start.
+                    "usage": {**self.usage, "output_tokens": 1},
+                }
+            },
+        )
+        yield _sse_event("ping", {})
+        for index, block in enumerate(self.blocks):
+            yield from self._block_events(index, block)
+        yield _sse_event(
+            "message_delta",
+            {
+                "delta": {"stop_reason": self.stop_reason, "stop_sequence": None},
+                "usage": {"output_tokens": self.completion},
+            },
+        )
+        yield _sse_event("message_stop", {})
 
 
 class FakeLLMServer:
@@ -712,9 +969,10 @@ class FakeLLMServer:
         bearer = (handler.headers.get("authorization") or "").removeprefix("Bearer ")
         return self.require_api_key in (bearer, handler.headers.get("x-api-key"))
 
-    def _answer(
+    def _record(
         self, handler: _Handler, protocol: str, path: str, body: Any, received: float
-    ) -> None:
+    ) -> RecordedRequest:
+        """Log the request as it arrived, before anything can refuse it."""
         headers = {k.lower(): v for k, v in handler.headers.items()}
         record = RecordedRequest(
             path=path,
@@ -728,43 +986,51 @@ class FakeLLMServer:
         )
         with self._lock:
             self._log.append(record)
+        return record
 
-        def send_error(status: int, payload: Any, extra: Mapping[str, str] | None = None) -> None:
-            record.status = status
-            handler._json(status, payload, extra)
+    def _answer(
+        self, handler: _Handler, protocol: str, path: str, body: Any, received: float
+    ) -> None:
+        record = self._record(handler, protocol, path, body, received)
+        try:
+            prompt = self._admit(handler, protocol, body, record)
+        except _Refused as refused:
+            record.status = refused.status
+            handler._json(refused.status, refused.payload, refused.headers)
+            return
+        if prompt is None:
+            return  # the server stopped while a scripted error was waiting
+        step = self._reply_step(protocol, body, prompt)
+        if self._pause(step.delay):
+            return
+        record.status = 200
+        if protocol == "openai":
+            self._answer_openai(handler, body, step, prompt)
+        else:
+            self._answer_anthropic(handler, body, step, prompt)
 
-        error_shape = openai_error if protocol == "openai" else anthropic_error
+    def _admit(
+        self, handler: _Handler, protocol: str, body: Any, record: RecordedRequest
+    ) -> int | None:
+        """The prompt's token count, once the request passed what the real service
+        checks, in its order; raises _Refused with the answer when it did not pass, and
+        returns None when the server stopped meanwhile."""
         if not self._authorized(handler):
-            given = handler.headers.get("authorization") or handler.headers.get("x-api-key")
-            # The real services echo a masked key; so does the fake, to test redaction.
-            masked = (given or "").removeprefix("Bearer ")
-            masked = f"{masked[:8]}****{masked[-4:]}" if len(masked) > 12 else "****"
-            send_error(401, _default_error_body(protocol, 401, f"Incorrect API key: {masked}"))
-            return
+            message = f"Incorrect API key: {_masked_key(handler)}"
+            raise _Refused(401, _default_error_body(protocol, 401, message))
+        error_shape = openai_error if protocol == "openai" else anthropic_error
         if not isinstance(body, dict):
-            send_error(400, error_shape("We could not parse the JSON body of your request."))
-            return
-
+            raise _Refused(400, error_shape("We could not parse the JSON body of your request."))
+        # A scripted error answers before the request is checked (see Step).
         step = self._take(errors_only=True)
         if step is not None:
             if self._pause(step.delay):
-                return
+                return None
             payload = step.body or _default_error_body(protocol, step.status, step.message)
-            send_error(step.status, payload, step.headers)
-            return
-
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            send_error(400, error_shape("messages: at least one message is required"))
-            return
-        pairing = (
-            openai_pairing_error(messages)
-            if protocol == "openai"
-            else anthropic_pairing_error(messages) or anthropic_request_error(body)
-        )
-        if pairing is not None:
-            send_error(400, pairing)
-            return
+            raise _Refused(step.status, payload, step.headers)
+        invalid = _request_error(protocol, body)
+        if invalid is not None:
+            raise _Refused(400, invalid)
         try:
             prompt = (
                 count_openai_request(body, image_billing=self.openai_image_billing)
@@ -772,15 +1038,16 @@ class FakeLLMServer:
                 else count_anthropic_request(body, image_billing=self.anthropic_image_billing)
             )
         except _BadImage:
-            send_error(400, error_shape("Could not process image"))
-            return
+            raise _Refused(400, error_shape("Could not process image")) from None
         record.prompt_tokens = prompt
         window = self._window_for(body.get("model"))
         if prompt > window:
             overflow = openai_overflow if protocol == "openai" else anthropic_overflow
-            send_error(400, overflow(prompt, window))
-            return
+            raise _Refused(400, overflow(prompt, window))
+        return prompt
 
+    def _reply_step(self, protocol: str, body: Mapping[str, Any], prompt: int) -> Step:
+        """The script's next reply, else the responder's, else the demo echo."""
         step = (
             self._take(errors_only=False)
             or (self.responder(protocol, body) if self.responder else None)
@@ -790,13 +1057,7 @@ class FakeLLMServer:
         if step.tool_calls and (choice == "none" or (choice or {}) == {"type": "none"}):
             # tool_choice "none": the model answers in words, whatever the script says.
             step = replace(step, tool_calls=(), text=step.text or "(no tool calls allowed)")
-        if self._pause(step.delay):
-            return
-        record.status = 200
-        if protocol == "openai":
-            self._answer_openai(handler, body, step, prompt)
-        else:
-            self._answer_anthropic(handler, body, step, prompt)
+        return step
 
     def _pause(self, seconds: float) -> bool:
         """Sleep; True when the server is stopping meanwhile."""
@@ -863,100 +1124,31 @@ class FakeLLMServer:
     def _answer_openai(
         self, handler: _Handler, body: Mapping[str, Any], step: Step, prompt: int
     ) -> None:
+        # Ids come from one counter: calls first, then the response, as before.
         calls = self._calls(step, "call_fake_")
         completion = self._completion_tokens(step, calls)
-        finish = _OPENAI_FINISH.get(
-            step.finish_reason or ("tool_calls" if calls else "stop"), "stop"
+        reply = _OpenAIReply(
+            step=step,
+            calls=calls,
+            finish=_OPENAI_FINISH.get(
+                step.finish_reason or ("tool_calls" if calls else "stop"), "stop"
+            ),
+            usage={
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+            },
+            response_id=self._next_id("chatcmpl-fake"),
+            created=int(time.time()),
+            model=body.get("model", "fake"),
+            include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
         )
-        usage = {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        }
-        response_id = self._next_id("chatcmpl-fake")
-        created = int(time.time())
-        model = body.get("model", "fake")
-        if not body.get("stream"):
-            if step.stall_after is not None:
-                self._hang(handler, step)
-                return
-            message: dict[str, Any] = {
-                "role": "assistant",
-                "content": step.text or None,
-                "refusal": None,
-            }
-            if step.thinking:
-                message["reasoning_content"] = step.thinking
-            if calls:
-                message["tool_calls"] = [
-                    {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
-                    for cid, name, args in calls
-                ]
-            handler._json(
-                200,
-                {
-                    "id": response_id,
-                    "object": "chat.completion",
-                    "created": created,
-                    "model": model,
-                    "choices": [
-                        {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
-                    ],
-                    "usage": usage,
-                    "system_fingerprint": "fp_arbor_fake",
-                },
-            )
-            return
-
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-
-        def chunk(choices: list[dict[str, Any]], usage_value: Any = None) -> str:
-            data: dict[str, Any] = {
-                "id": response_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "system_fingerprint": "fp_arbor_fake",
-                "choices": choices,
-            }
-            if include_usage:
-                data["usage"] = usage_value
-            return json.dumps(data, ensure_ascii=False)
-
-        def delta(value: dict[str, Any], finish_reason: str | None = None) -> str:
-            return chunk(
-                [{"index": 0, "delta": value, "logprobs": None, "finish_reason": finish_reason}]
-            )
-
-        def events() -> Iterator[str]:
-            yield delta({"role": "assistant", "content": "", "refusal": None})
-            for piece in _pieces(step.thinking):
-                yield delta({"reasoning_content": piece})
-            for piece in _pieces(step.text):
-                yield delta({"content": piece})
-            for index, (cid, name, args) in enumerate(calls):
-                yield delta(
-                    {
-                        "tool_calls": [
-                            {
-                                "index": index,
-                                "id": cid,
-                                "type": "function",
-                                "function": {"name": name, "arguments": ""},
-                            }
-                        ]
-                    }
-                )
-                for piece in _json_pieces(args):
-                    yield delta(
-                        {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
-                    )
-            yield delta({}, finish)
-            if include_usage:
-                yield chunk([], usage)
-            yield "[DONE]"
-
-        self._stream(handler, step, ((data, None) for data in events()))
+        if body.get("stream"):
+            self._stream(handler, step, ((data, None) for data in reply.chunks()))
+        elif step.stall_after is not None:
+            self._hang(handler, step)
+        else:
+            handler._json(200, reply.completion())
 
     # -- Anthropic --------------------------------------------------------------------
 
@@ -965,130 +1157,28 @@ class FakeLLMServer:
     ) -> None:
         calls = self._calls(step, "toolu_fake_")
         completion = self._completion_tokens(step, calls)
-        stop_reason = _ANTHROPIC_FINISH.get(
-            step.finish_reason or ("tool_calls" if calls else "stop"), "end_turn"
+        reply = _AnthropicReply(
+            calls=calls,
+            blocks=_anthropic_content(step, calls),
+            stop_reason=_ANTHROPIC_FINISH.get(
+                step.finish_reason or ("tool_calls" if calls else "stop"), "end_turn"
+            ),
+            usage={
+                "input_tokens": prompt,
+                "output_tokens": completion,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            },
+            completion=completion,
+            message_id=self._next_id("msg_fake_"),
+            model=body.get("model", "fake"),
         )
-        message_id = self._next_id("msg_fake_")
-        model = body.get("model", "fake")
-        signature = (
-            base64.b64encode(hashlib.sha256(step.thinking.encode()).digest()).decode()
-            if step.thinking
-            else ""
-        )
-        blocks: list[dict[str, Any]] = []
-        if step.thinking:
-            blocks.append({"type": "thinking", "thinking": step.thinking, "signature": signature})
-        if step.text:
-            blocks.append({"type": "text", "text": step.text})
-        for cid, name, args in calls:
-            try:
-                tool_input = json.loads(args)
-            except ValueError:
-                tool_input = {"_raw": args}
-            blocks.append({"type": "tool_use", "id": cid, "name": name, "input": tool_input})
-        usage = {
-            "input_tokens": prompt,
-            "output_tokens": completion,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
-        }
-        if not body.get("stream"):
-            if step.stall_after is not None:
-                self._hang(handler, step)
-                return
-            handler._json(
-                200,
-                {
-                    "id": message_id,
-                    "type": "message",
-                    "role": "assistant",
-                    "model": model,
-                    "content": blocks,
-                    "stop_reason": stop_reason,
-                    "stop_sequence": None,
-                    "usage": usage,
-                },
-            )
-            return
-
-        def event(kind: str, data: dict[str, Any]) -> tuple[str, str | None]:
-            return json.dumps({"type": kind, **data}, ensure_ascii=False), kind
-
-        def events() -> Iterator[tuple[str, str | None]]:
-            yield event(
-                "message_start",
-                {
-                    "message": {
-                        "id": message_id,
-                        "type": "message",
-                        "role": "assistant",
-                        "model": model,
-                        "content": [],
-                        "stop_reason": None,
-                        "stop_sequence": None,
-                        "usage": {**usage, "output_tokens": 1},
-                    }
-                },
-            )
-            yield event("ping", {})
-            for index, block in enumerate(blocks):
-                kind = block["type"]
-                if kind == "thinking":
-                    yield event(
-                        "content_block_start",
-                        {"index": index, "content_block": {"type": "thinking", "thinking": ""}},
-                    )
-                    for piece in _pieces(block["thinking"]):
-                        yield event(
-                            "content_block_delta",
-                            {
-                                "index": index,
-                                "delta": {"type": "thinking_delta", "thinking": piece},
-                            },
-                        )
-                    yield event(
-                        "content_block_delta",
-                        {
-                            "index": index,
-                            "delta": {"type": "signature_delta", "signature": block["signature"]},
-                        },
-                    )
-                elif kind == "text":
-                    yield event(
-                        "content_block_start",
-                        {"index": index, "content_block": {"type": "text", "text": ""}},
-                    )
-                    for piece in _pieces(block["text"]):
-                        yield event(
-                            "content_block_delta",
-                            {"index": index, "delta": {"type": "text_delta", "text": piece}},
-                        )
-                else:
-                    start = {"type": "tool_use", "id": block["id"], "name": block["name"]}
-                    yield event(
-                        "content_block_start",
-                        {"index": index, "content_block": {**start, "input": {}}},
-                    )
-                    args = next(a for c, _, a in calls if c == block["id"])
-                    for piece in _json_pieces(args):
-                        yield event(
-                            "content_block_delta",
-                            {
-                                "index": index,
-                                "delta": {"type": "input_json_delta", "partial_json": piece},
-                            },
-                        )
-                yield event("content_block_stop", {"index": index})
-            yield event(
-                "message_delta",
-                {
-                    "delta": {"stop_reason": stop_reason, "stop_sequence": None},
-                    "usage": {"output_tokens": completion},
-                },
-            )
-            yield event("message_stop", {})
-
-        self._stream(handler, step, events())
+        if body.get("stream"):
+            self._stream(handler, step, reply.events())
+        elif step.stall_after is not None:
+            self._hang(handler, step)
+        else:
+            handler._json(200, reply.message())
 
     def _stream(
         self, handler: _Handler, step: Step, events: Iterable[tuple[str, str | None]]
