@@ -13,6 +13,7 @@ from django.test import TransactionTestCase
 
 from compaction.models import CompactionRecord, RecordStatus, Trigger
 from conversations.models import Conversation, Message
+from conversations.providers.fake import Step, anthropic_overflow
 from tests.gateway_live import ANTHROPIC_MODEL, LiveGateway, agent_responder
 
 SYSTEM = [
@@ -207,3 +208,37 @@ class GatewayCompactionTests(TransactionTestCase):
                 trigger=Trigger.REACTIVE, status=RecordStatus.READY
             ).exists()
         )
+
+
+class GatewayRetryOverflowTests(TransactionTestCase):
+    def test_a_retry_that_overflows_again_reaches_the_client_as_the_upstreams_error(
+        self,
+    ) -> None:
+        # The upstream rejects the request and then the compacted retry as well (its
+        # reported limit was not the one it enforces): one retry only, and the client
+        # sees the upstream's own error, never an answer made of a rejected response.
+        gateway = LiveGateway(window=200_000).start()
+        self.addCleanup(gateway.stop)
+        # The second rejection reports a lower limit, so a third, smaller request could be
+        # made: it must not be.
+        first, rejection = anthropic_overflow(23_306, 16_000), anthropic_overflow(15_000, 10_000)
+        gateway.fake.push(Step.error(400, body=first), Step.error(400, body=rejection))
+        messages: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
+        for n in range(30):
+            call = {"type": "tool_use", "id": f"toolu_{n}", "name": "Bash", "input": {}}
+            messages.append({"role": "assistant", "content": [call]})
+            result = {"type": "tool_result", "tool_use_id": f"toolu_{n}", "content": output(n)}
+            messages.append({"role": "user", "content": [result]})
+        status, raw, _ = gateway.call(
+            "POST",
+            "/gateway/anthropic/v1/messages",
+            {"model": ANTHROPIC_MODEL, "max_tokens": 256, "tools": TOOLS, "messages": messages},
+            headers={"x-api-key": gateway.token, "anthropic-version": "2023-06-01"},
+        )
+        self.assertEqual(status, 400, raw[:300])
+        self.assertEqual(json.loads(raw), rejection)
+        requests = gateway.fake.requests
+        self.assertEqual(len(requests), 2)  # the request and one compacted retry
+        self.assertNotEqual(requests[0].body, requests[1].body)
+        # No answer was stored: at most the 30 assistant messages the request carried.
+        self.assertLessEqual(Message.objects.filter(role="assistant").count(), 30)

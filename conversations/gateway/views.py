@@ -521,8 +521,7 @@ async def _send_upstream(
 ) -> Any | HttpResponseBase:
     """The upstream's response, its body not yet read; or the answer for the client when
     the upstream is unreachable or refused (its own error, relayed as it is)."""
-    response = None
-    for _ in range(2):  # the request, and at most one retry after an overflow
+    for tries_left in (1, 0):  # the request, and at most one retry after an overflow
         prep.attempts.append(prep.body)
         try:
             response = await upstream.send(url, headers, prep.body)
@@ -534,17 +533,18 @@ async def _send_upstream(
             return response
         raw = await response.aread()
         await response.aclose()
-        overflow = _overflow_of(response.status_code, raw)
+        overflow = _overflow_of(response.status_code, raw) if tries_left else None
         retry = await sync_to_async(_recover)(prep, overflow) if overflow is not None else None
         if retry is None:
+            # Not an overflow, no way to recover, or the retry overflowed too: the
+            # client sees the upstream's own error.
             return HttpResponse(
                 raw,
                 status=response.status_code,
                 headers=upstream.response_headers(response.headers),
             )
         prep.body = retry
-    assert response is not None
-    return response
+    raise AssertionError("unreachable: the last try always returns")
 
 
 async def _handle(protocol: Protocol, request: HttpRequest) -> HttpResponseBase:
