@@ -1,23 +1,21 @@
 """Bench: what each free rung of the ladder saves on the real sample sessions.
 
-``run()`` returns a JSON-able dict; ``python -m compaction.bench_ladder`` prints it. Pure
-Python, no database. For every large-enough sample it builds a view whose budget is a
-quarter of the original estimate (a Claude-billed vision model) and runs the ladder with
-no summarizer, so the numbers are what elision, image stripping and snapshot pages save
-with zero model calls. Pages come from compaction.render when it is importable, else
-from the density-model fake in tests/sample_loaders.py (same page size and billing).
+``run()`` returns a JSON-able dict; ``manage.py bench_compaction`` prints it (``python -m
+compaction.bench_ladder`` too). No database. For every large-enough sample it builds a
+view whose budget is a quarter of the original estimate (a Claude-billed vision model)
+and runs the ladder with no summarizer, so the numbers are what elision, image stripping
+and snapshot pages (drawn by compaction.render) save with zero model calls.
 
 It also reports how the estimator compares with the usage Claude measured on the
 samples (before any compaction by the recording tool).
 
-The samples and their loaders live with the tests (tests/sample_loaders.py): they read
+The samples are read with Arbor's own importers (compaction.bench_samples): they read
 ``../shared/samples`` in place, so this must run from the project root.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import itertools
 import json
 import re
@@ -28,21 +26,10 @@ from typing import Any
 
 from compaction.estimate import usage_pairs
 from compaction.ladder import ContextView, ModelInfo, RenderFn, page_parts, run_ladder
+from compaction.render import render_pages
 
 BUDGET_SHARE = 0.25
 MODEL = ModelInfo(context_window=200_000, max_output=8_192, vision=True, image_billing="claude")
-
-
-def _renderer() -> tuple[str, RenderFn]:
-    try:
-        render = getattr(importlib.import_module("compaction.render"), "render_pages", None)
-    except ImportError:
-        render = None
-    if render is not None:
-        return "compaction.render", render
-    from tests.sample_loaders import DensityRenderer
-
-    return "density-fake", DensityRenderer()
 
 
 def _estimator_check(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -247,11 +234,12 @@ def _capturing(render: RenderFn, drawn: dict[str, Any]) -> RenderFn:
 def run(
     *, budget_share: float = BUDGET_SHARE, min_messages: int = 20, ocr_pages: int = 4
 ) -> dict[str, Any]:
-    from tests.sample_loaders import load_samples
+    # Imported here: the importers need Django's settings, set up by then (see __main__).
+    from compaction.bench_samples import load_samples
 
-    renderer_name, render = _renderer()
+    render: RenderFn = render_pages
     out: dict[str, Any] = {
-        "renderer": renderer_name,
+        "renderer": "compaction.render",
         "budget_share": budget_share,
         "model": vars(MODEL),
         "samples": {},
@@ -313,7 +301,7 @@ def run(
             "cut_pct": round(100 * (1 - final / original), 1),
             "max_cut_pct": round(100 * (1 - floor / original), 1),
             "fits": result.fits,
-            "legibility": legibility(sampled) if renderer_name == "compaction.render" else None,
+            "legibility": legibility(sampled),
             "model_calls": result.model_calls,
             "seconds": round(seconds, 3),
         }
@@ -321,4 +309,10 @@ def run(
 
 
 if __name__ == "__main__":
+    import os
+
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "arbor.settings")
+    django.setup()
     print(json.dumps(run(), indent=2))

@@ -16,7 +16,7 @@ import math
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from conversations.errors import InvalidInput
 
@@ -77,68 +77,64 @@ def contains_nul(value: Any, *, _depth: int = 0) -> bool:
 MAX_METADATA_BYTES = 64 * 1024
 
 
-def _clean_part(
-    errors: _Errors, loc: str, part: Any, *, role: str, max_chars: int, nested: bool = False
-) -> Part | None:
-    if not isinstance(part, dict):
-        errors.add(loc, "a part must be an object")
-        return None
-    kind = part.get("type")
-    allowed: dict[str, set[str]] = {
-        "text": {"type", "text"},
-        "image": {"type", "blob", "mime", "width", "height"},
-        "tool_call": {"type", "id", "name", "arguments"},
-        "tool_result": {"type", "call_id", "is_error", "parts"},
-        "thinking": {"type", "text", "signature"},
-    }
-    if kind not in allowed:
-        errors.add(f"{loc}.type", f"unknown part type {kind!r}; expected one of {sorted(allowed)}")
-        return None
-    extra = set(part) - allowed[kind]
-    if extra:
-        errors.add(loc, f"unexpected keys {sorted(extra)} for a {kind} part")
-    if nested and kind not in {"text", "image"}:
-        errors.add(loc, "a tool result may only contain text and image parts")
-        return None
+# The keys each part type may carry; anything else is reported (and dropped).
+_PART_KEYS: dict[str, frozenset[str]] = {
+    "text": frozenset({"type", "text"}),
+    "image": frozenset({"type", "blob", "mime", "width", "height"}),
+    "tool_call": frozenset({"type", "id", "name", "arguments"}),
+    "tool_result": frozenset({"type", "call_id", "is_error", "parts"}),
+    "thinking": frozenset({"type", "text", "signature"}),
+}
+# What a tool result may hold: no calls, results or thinking inside a result.
+_NESTED_KINDS = frozenset({"text", "image"})
 
-    if kind == "text":
-        _check_str(errors, f"{loc}.text", part.get("text"), max_chars=max_chars)
-        return {"type": "text", "text": part.get("text")}
-    if kind == "image":
-        blob = part.get("blob")
-        if not isinstance(blob, str) or not SHA256_RE.match(blob):
-            errors.add(f"{loc}.blob", "must be the lowercase hex sha256 of an uploaded blob")
-            return None
-        # mime and size are filled in from the Blob row, never trusted from the client.
-        return {"type": "image", "blob": blob}
-    if kind == "thinking":
-        if role != "assistant":
-            errors.add(loc, "thinking parts belong to assistant messages")
-        _check_str(errors, f"{loc}.text", part.get("text"), max_chars=max_chars)
-        out: Part = {"type": "thinking", "text": part.get("text")}
-        if "signature" in part:
-            _check_str(errors, f"{loc}.signature", part["signature"], max_chars=max_chars)
-            out["signature"] = part["signature"]
-        return out
-    if kind == "tool_call":
-        if role != "assistant":
-            errors.add(loc, "tool calls belong to assistant messages")
-        _check_str(errors, f"{loc}.id", part.get("id"), max_chars=MAX_ID_CHARS, allow_empty=False)
-        _check_str(
-            errors, f"{loc}.name", part.get("name"), max_chars=MAX_ID_CHARS, allow_empty=False
-        )
-        arguments = part.get("arguments", {})
-        if not isinstance(arguments, dict):
-            errors.add(f"{loc}.arguments", "must be an object")
-        elif contains_nul(arguments):
-            errors.add(f"{loc}.arguments", "contains a NUL character or is nested too deeply")
-        return {
-            "type": "tool_call",
-            "id": part.get("id"),
-            "name": part.get("name"),
-            "arguments": arguments,
-        }
-    # tool_result
+
+def _clean_text(errors: _Errors, loc: str, part: Part, *, role: str, max_chars: int) -> Part:
+    _check_str(errors, f"{loc}.text", part.get("text"), max_chars=max_chars)
+    return {"type": "text", "text": part.get("text")}
+
+
+def _clean_image(
+    errors: _Errors, loc: str, part: Part, *, role: str, max_chars: int
+) -> Part | None:
+    blob = part.get("blob")
+    if not isinstance(blob, str) or not SHA256_RE.match(blob):
+        errors.add(f"{loc}.blob", "must be the lowercase hex sha256 of an uploaded blob")
+        return None
+    # mime and size are filled in from the Blob row, never trusted from the client.
+    return {"type": "image", "blob": blob}
+
+
+def _clean_thinking(errors: _Errors, loc: str, part: Part, *, role: str, max_chars: int) -> Part:
+    if role != "assistant":
+        errors.add(loc, "thinking parts belong to assistant messages")
+    _check_str(errors, f"{loc}.text", part.get("text"), max_chars=max_chars)
+    out: Part = {"type": "thinking", "text": part.get("text")}
+    if "signature" in part:
+        _check_str(errors, f"{loc}.signature", part["signature"], max_chars=max_chars)
+        out["signature"] = part["signature"]
+    return out
+
+
+def _clean_tool_call(errors: _Errors, loc: str, part: Part, *, role: str, max_chars: int) -> Part:
+    if role != "assistant":
+        errors.add(loc, "tool calls belong to assistant messages")
+    _check_str(errors, f"{loc}.id", part.get("id"), max_chars=MAX_ID_CHARS, allow_empty=False)
+    _check_str(errors, f"{loc}.name", part.get("name"), max_chars=MAX_ID_CHARS, allow_empty=False)
+    arguments = part.get("arguments", {})
+    if not isinstance(arguments, dict):
+        errors.add(f"{loc}.arguments", "must be an object")
+    elif contains_nul(arguments):
+        errors.add(f"{loc}.arguments", "contains a NUL character or is nested too deeply")
+    return {
+        "type": "tool_call",
+        "id": part.get("id"),
+        "name": part.get("name"),
+        "arguments": arguments,
+    }
+
+
+def _clean_tool_result(errors: _Errors, loc: str, part: Part, *, role: str, max_chars: int) -> Part:
     if role != "tool":
         errors.add(loc, "tool results belong to tool messages")
     _check_str(
@@ -163,6 +159,83 @@ def _clean_part(
     }
 
 
+class _PartCleaner(Protocol):
+    def __call__(
+        self, errors: _Errors, loc: str, part: Part, *, role: str, max_chars: int
+    ) -> Part | None: ...
+
+
+_CLEANERS: dict[str, _PartCleaner] = {
+    "text": _clean_text,
+    "image": _clean_image,
+    "thinking": _clean_thinking,
+    "tool_call": _clean_tool_call,
+    "tool_result": _clean_tool_result,
+}
+
+
+def _clean_part(
+    errors: _Errors, loc: str, part: Any, *, role: str, max_chars: int, nested: bool = False
+) -> Part | None:
+    """One part checked and rebuilt from its allowed keys; every problem goes to
+    ``errors`` (None when the part cannot be kept at all)."""
+    if not isinstance(part, dict):
+        errors.add(loc, "a part must be an object")
+        return None
+    kind = part.get("type")
+    if kind not in _PART_KEYS:
+        errors.add(
+            f"{loc}.type", f"unknown part type {kind!r}; expected one of {sorted(_PART_KEYS)}"
+        )
+        return None
+    extra = set(part) - _PART_KEYS[kind]
+    if extra:
+        errors.add(loc, f"unexpected keys {sorted(extra)} for a {kind} part")
+    if nested and kind not in _NESTED_KINDS:
+        errors.add(loc, "a tool result may only contain text and image parts")
+        return None
+    return _CLEANERS[kind](errors, loc, part, role=role, max_chars=max_chars)
+
+
+def _clean_metadata(errors: _Errors, loc: str, metadata: Any) -> dict[str, Any]:
+    """A message's metadata: an object, free of NUL, at most MAX_METADATA_BYTES as JSON
+    (it is stored with the message and sent back with it)."""
+    if not isinstance(metadata, dict):
+        errors.add(f"{loc}.metadata", "must be an object")
+        return {}
+    if contains_nul(metadata):
+        errors.add(f"{loc}.metadata", "contains a NUL character or is nested too deeply")
+    elif len(json.dumps(metadata)) > MAX_METADATA_BYTES:
+        errors.add(f"{loc}.metadata", f"is larger than {MAX_METADATA_BYTES} bytes as JSON")
+    return metadata
+
+
+def _clean_message(errors: _Errors, loc: str, item: Any, *, max_chars: int) -> DraftMessage | None:
+    """One ``{role, parts, metadata?}`` object; None when its role or parts are unusable
+    (its problems are in ``errors``)."""
+    if not isinstance(item, dict):
+        errors.add(loc, "must be an object")
+        return None
+    role = item.get("role")
+    if role not in ROLES:
+        errors.add(f"{loc}.role", f"must be one of {list(ROLES)}")
+        return None
+    parts = item.get("parts")
+    if not isinstance(parts, list) or not parts:
+        errors.add(f"{loc}.parts", "must be a non-empty list")
+        return None
+    cleaned = [
+        _clean_part(errors, f"{loc}.parts[{j}]", p, role=role, max_chars=max_chars)
+        for j, p in enumerate(parts)
+    ]
+    if role == "tool" and any(p and p["type"] != "tool_result" for p in cleaned):
+        errors.add(f"{loc}.parts", "a tool message holds only tool_result parts")
+    if role == "system" and any(p and p["type"] != "text" for p in cleaned):
+        errors.add(f"{loc}.parts", "a system message holds only text parts")
+    metadata = _clean_metadata(errors, loc, item.get("metadata", {}))
+    return DraftMessage(role=role, parts=[p for p in cleaned if p is not None], metadata=metadata)
+
+
 def clean_messages(raw: Any, *, max_messages: int, max_chars: int) -> list[DraftMessage]:
     """Validate a list of ``{role, parts, metadata?}`` objects; raise InvalidInput listing
     every problem at once."""
@@ -173,37 +246,9 @@ def clean_messages(raw: Any, *, max_messages: int, max_chars: int) -> list[Draft
         raise InvalidInput(f"a turn holds at most {max_messages} messages, got {len(raw)}")
     drafts: list[DraftMessage] = []
     for i, item in enumerate(raw):
-        loc = f"messages[{i}]"
-        if not isinstance(item, dict):
-            errors.add(loc, "must be an object")
-            continue
-        role = item.get("role")
-        if role not in ROLES:
-            errors.add(f"{loc}.role", f"must be one of {list(ROLES)}")
-            continue
-        parts = item.get("parts")
-        if not isinstance(parts, list) or not parts:
-            errors.add(f"{loc}.parts", "must be a non-empty list")
-            continue
-        cleaned = [
-            _clean_part(errors, f"{loc}.parts[{j}]", p, role=role, max_chars=max_chars)
-            for j, p in enumerate(parts)
-        ]
-        if role == "tool" and any(p and p["type"] != "tool_result" for p in cleaned):
-            errors.add(f"{loc}.parts", "a tool message holds only tool_result parts")
-        if role == "system" and any(p and p["type"] != "text" for p in cleaned):
-            errors.add(f"{loc}.parts", "a system message holds only text parts")
-        metadata = item.get("metadata", {})
-        if not isinstance(metadata, dict):
-            errors.add(f"{loc}.metadata", "must be an object")
-            metadata = {}
-        elif contains_nul(metadata):
-            errors.add(f"{loc}.metadata", "contains a NUL character or is nested too deeply")
-        elif len(json.dumps(metadata)) > MAX_METADATA_BYTES:
-            errors.add(f"{loc}.metadata", f"is larger than {MAX_METADATA_BYTES} bytes as JSON")
-        drafts.append(
-            DraftMessage(role=role, parts=[p for p in cleaned if p is not None], metadata=metadata)
-        )
+        draft = _clean_message(errors, f"messages[{i}]", item, max_chars=max_chars)
+        if draft is not None:
+            drafts.append(draft)
     if errors.items:
         raise InvalidInput("the messages are not valid", errors=errors.items)
     return drafts

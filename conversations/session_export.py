@@ -62,6 +62,7 @@ import hashlib
 import json
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -167,7 +168,7 @@ def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def _tokens(usage: Any) -> tuple[int, int, int, int] | None:
+def usage_counts(usage: Any) -> tuple[int, int, int, int] | None:
     """Measured usage in any of the shapes Arbor keeps — pi's, Anthropic's (input without
     the cache), Arbor's own (input including it) — as (input without cache, output,
     cache read, cache write)."""
@@ -269,6 +270,17 @@ class _Plan:
             current = self.by_id.get(current.parent_id) if current.parent_id else None
         return current
 
+    def walk(self, write: Callable[[Message, str | None], str | None]) -> dict[uuid.UUID, str]:
+        """``write`` each message, parents first, given the id of its parent's last
+        record or entry; returns each message's last record or entry id."""
+        last: dict[uuid.UUID, str] = {}
+        for m in self.messages:
+            parent = last.get(m.parent_id) if m.parent_id else None
+            parent = write(m, parent)
+            if parent is not None:
+                last[m.id] = parent
+        return last
+
     def call_names(self, message: Message) -> dict[str, str]:
         """The tool name of each call a tool message may answer."""
         owner = self.owner(message)
@@ -353,7 +365,7 @@ def _claude_usage(message: Message) -> dict[str, Any]:
     usage = message.metadata.get("usage")
     if _source(message).get("format") == "claude-code" and isinstance(usage, dict):
         return usage
-    fresh, output, read, write = _tokens(usage) or (0, 0, 0, 0)
+    fresh, output, read, write = usage_counts(usage) or (0, 0, 0, 0)
     return {
         "input_tokens": fresh,
         "cache_creation_input_tokens": write,
@@ -403,140 +415,179 @@ def _claude_block(part: Part, images: _Images) -> dict[str, Any]:
     return {"type": "text", "text": part.get("text", "")}
 
 
+def _anthropic_stop(message: Message) -> str:
+    """The stop reason in Anthropic's words: Claude Code's own kept as it is, any other
+    mapped, else what the message shows (calls made or not)."""
+    raw = _finish(message)
+    stop = (
+        raw
+        if raw and _source(message).get("format") == "claude-code"
+        else _TO_ANTHROPIC_STOP.get(raw or "")
+    )
+    return stop or ("tool_use" if _has_calls(message) else "end_turn")
+
+
+def _message_id_counts(messages: list[Message]) -> dict[str, int]:
+    """How often each kept ``message.id`` occurs among the assistant messages."""
+    seen: dict[str, int] = {}
+    for m in messages:
+        kept = m.metadata.get("message_id")
+        if m.role == "assistant" and isinstance(kept, str) and kept:
+            seen[kept] = seen.get(kept, 0) + 1
+    return seen
+
+
+class _ClaudeCodeWriter:
+    """The records of one Claude Code session file. ``write`` adds what one message
+    becomes and returns the uuid of its last record (what its children hang below)."""
+
+    def __init__(self, plan: _Plan, cwd: str) -> None:
+        self.plan = plan
+        self.sid = str(plan.session)
+        self.common = {
+            "isSidechain": False,
+            "userType": "external",
+            "cwd": cwd,
+            "sessionId": self.sid,
+            "version": CLAUDE_CODE_VERSION,
+        }
+        # message.id must differ between messages: Claude Code merges records sharing one.
+        self.seen = _message_id_counts(plan.messages)
+        self.call_record: dict[tuple[uuid.UUID, str], str] = {}  # (assistant, call id) → record
+        self.rows: list[dict[str, Any]] = []
+
+    def record(self, kind: str, uid: str, parent: str | None, m: Message, **fields: Any) -> None:
+        self.rows.append(
+            {"parentUuid": parent, **self.common, "type": kind, **fields}
+            | {"uuid": uid, "timestamp": _iso(m.created_at)}
+        )
+
+    def write(self, m: Message, parent: str | None) -> str | None:
+        if m.role == "assistant":
+            return self.assistant(m, parent)
+        if m.role == "tool":
+            return self.tool(m, parent)
+        marker = _marker(m, "claude-code")
+        if marker is not None:
+            return self.boundary(m, parent, marker)
+        return self.user(m, parent)
+
+    def message_id(self, m: Message) -> str:
+        """The kept API message id when no other message shares it, else a derived one."""
+        kept = m.metadata.get("message_id")
+        if isinstance(kept, str) and self.seen.get(kept) == 1:
+            return kept
+        return "msg_" + uuid.uuid5(self.plan.session, f"{m.id}/message").hex[:24]
+
+    def assistant(self, m: Message, parent: str | None) -> str | None:
+        """One record per part, all sharing ``message.id`` (as Claude Code 2.x writes)."""
+        message_id = self.message_id(m)
+        stop = _anthropic_stop(m)
+        extra: dict[str, Any] = {}
+        if isinstance(m.metadata.get("request_id"), str):
+            extra["requestId"] = m.metadata["request_id"]
+        if m.metadata.get("api_error"):
+            extra["isApiErrorMessage"] = True
+        for uid, part in zip(self.plan.ids(m, len(m.parts)), m.parts, strict=True):
+            body = {
+                "id": message_id,
+                "type": "message",
+                "role": "assistant",
+                "model": _model_name(m, self.plan.conversation),
+                "content": [_claude_block(part, self.plan.images)],
+                "stop_reason": stop,
+                "stop_sequence": None,
+                "usage": _claude_usage(m),
+            }
+            self.record("assistant", uid, parent, m, message=body, **extra)
+            if part.get("type") == "tool_call":
+                self.call_record[(m.id, str(part.get("id")))] = uid
+            parent = uid
+        return parent
+
+    def tool(self, m: Message, parent: str | None) -> str:
+        # One record for the message, its results as blocks in call order (the message
+        # Claude Code sends): an import reads it back as one tool message.
+        owner = self.plan.owner(m)
+        names = self.plan.call_names(m)
+        results = [p for p in m.parts if p.get("type") == "tool_result"]
+        blocks = [
+            {
+                "tool_use_id": _anthropic_id(p.get("call_id")),
+                "type": "tool_result",
+                "content": _claude_content(p["parts"], self.plan.images) if p.get("parts") else "",
+                "is_error": bool(p.get("is_error")),
+            }
+            for p in results
+        ]
+        (uid,) = self.plan.ids(m, 1)
+        first_call = str(results[0].get("call_id")) if results else ""
+        extra = {"toolUseResult": _tool_use_result(names.get(first_call), results)}
+        source = self.call_record.get((owner.id, first_call)) if owner is not None else None
+        if source is not None:
+            extra["sourceToolAssistantUUID"] = source
+        self.record("user", uid, parent, m, message={"role": "user", "content": blocks}, **extra)
+        return uid
+
+    def boundary(self, m: Message, parent: str | None, marker: dict[str, Any]) -> str:
+        (uid,) = self.plan.ids(m, 1)
+        # Claude Code starts the line again after a boundary: no parentUuid, the message
+        # it follows in logicalParentUuid.
+        self.rows.append(
+            {"parentUuid": None, "logicalParentUuid": parent, **self.common}
+            | {
+                "type": "system",
+                "subtype": "compact_boundary",
+                "content": "Conversation compacted",
+                "isMeta": False,
+                "level": "info",
+                "compactMetadata": {
+                    "trigger": marker.get("trigger") or "manual",
+                    "preTokens": marker.get("tokens_before") or 0,
+                },
+                "uuid": uid,
+                "timestamp": _iso(m.created_at),
+            }
+        )
+        return uid
+
+    def user(self, m: Message, parent: str | None) -> str:
+        """A user message, or a system message said in place as context."""
+        (uid,) = self.plan.ids(m, 1)
+        flags: dict[str, Any] = {}
+        if m.role == "system" or m.metadata.get("meta"):
+            flags["isMeta"] = True
+        if m.metadata.get("compact_summary"):
+            flags["isCompactSummary"] = True
+            flags["isVisibleInTranscriptOnly"] = True
+        body = {"role": "user", "content": _claude_content(m.parts, self.plan.images)}
+        self.record("user", uid, parent, m, message=body, **flags)
+        return uid
+
+    def content(self, leaf: str) -> bytes:
+        """The file: the title's ``summary`` record first, the ``last-prompt`` pointer to
+        ``leaf`` (where Claude Code resumes) last."""
+        title = " ".join(self.plan.conversation.title.split())
+        head = [{"type": "summary", "summary": title, "leafUuid": leaf}] if title else []
+        pointer: dict[str, Any] = {"type": "last-prompt"}
+        prompt = _last_prompt(self.plan.path())
+        if prompt:
+            pointer["lastPrompt"] = prompt
+        pointer["leafUuid"] = leaf
+        if not self.plan.tip_is_leaf:
+            # Without "explicit" Claude Code resumes at a leaf; with it, at the message named.
+            pointer["explicit"] = True
+        pointer["sessionId"] = self.sid
+        return _lines([*head, *self.rows, pointer])
+
+
 def claude_code_session(
     *, conversation: Conversation, tip: uuid.UUID | None = None, cwd: str = DEFAULT_CWD
 ) -> Session:
     plan = _plan(conversation, tip)
-    sid = str(plan.session)
-    common = {
-        "isSidechain": False,
-        "userType": "external",
-        "cwd": cwd,
-        "sessionId": sid,
-        "version": CLAUDE_CODE_VERSION,
-    }
-    # message.id must differ between messages: Claude Code merges records sharing one.
-    seen: dict[str, int] = {}
-    for m in plan.messages:
-        kept = m.metadata.get("message_id")
-        if m.role == "assistant" and isinstance(kept, str) and kept:
-            seen[kept] = seen.get(kept, 0) + 1
-    last: dict[uuid.UUID, str] = {}  # message → its last record
-    call_record: dict[tuple[uuid.UUID, str], str] = {}  # (assistant, call id) → record
-    rows: list[dict[str, Any]] = []
-
-    def record(kind: str, uid: str, parent: str | None, m: Message, **fields: Any) -> None:
-        rows.append(
-            {"parentUuid": parent, **common, "type": kind, **fields}
-            | {"uuid": uid, "timestamp": _iso(m.created_at)}
-        )
-
-    for m in plan.messages:
-        parent = last.get(m.parent_id) if m.parent_id else None
-        if m.role == "assistant":
-            uids = plan.ids(m, len(m.parts))
-            kept = m.metadata.get("message_id")
-            message_id = (
-                kept
-                if isinstance(kept, str) and seen.get(kept) == 1
-                else "msg_" + uuid.uuid5(plan.session, f"{m.id}/message").hex[:24]
-            )
-            raw = _finish(m)
-            stop = (
-                raw
-                if raw and _source(m).get("format") == "claude-code"
-                else _TO_ANTHROPIC_STOP.get(raw or "")
-            ) or ("tool_use" if _has_calls(m) else "end_turn")
-            extra: dict[str, Any] = {}
-            if isinstance(m.metadata.get("request_id"), str):
-                extra["requestId"] = m.metadata["request_id"]
-            if m.metadata.get("api_error"):
-                extra["isApiErrorMessage"] = True
-            for uid, part in zip(uids, m.parts, strict=True):
-                body = {
-                    "id": message_id,
-                    "type": "message",
-                    "role": "assistant",
-                    "model": _model_name(m, conversation),
-                    "content": [_claude_block(part, plan.images)],
-                    "stop_reason": stop,
-                    "stop_sequence": None,
-                    "usage": _claude_usage(m),
-                }
-                record("assistant", uid, parent, m, message=body, **extra)
-                if part.get("type") == "tool_call":
-                    call_record[(m.id, str(part.get("id")))] = uid
-                parent = uid
-        elif m.role == "tool":
-            # One record for the message, its results as blocks in call order (the
-            # message Claude Code sends): an import reads it back as one tool message.
-            owner = plan.owner(m)
-            names = plan.call_names(m)
-            results = [p for p in m.parts if p.get("type") == "tool_result"]
-            blocks = [
-                {
-                    "tool_use_id": _anthropic_id(p.get("call_id")),
-                    "type": "tool_result",
-                    "content": _claude_content(p["parts"], plan.images) if p.get("parts") else "",
-                    "is_error": bool(p.get("is_error")),
-                }
-                for p in results
-            ]
-            (uid,) = plan.ids(m, 1)
-            first_call = str(results[0].get("call_id")) if results else ""
-            extra = {"toolUseResult": _tool_use_result(names.get(first_call), results)}
-            source = call_record.get((owner.id, first_call)) if owner is not None else None
-            if source is not None:
-                extra["sourceToolAssistantUUID"] = source
-            record("user", uid, parent, m, message={"role": "user", "content": blocks}, **extra)
-            parent = uid
-        elif (marker := _marker(m, "claude-code")) is not None:
-            (uid,) = plan.ids(m, 1)
-            # Claude Code starts the line again after a boundary: no parentUuid, the
-            # message it follows in logicalParentUuid.
-            rows.append(
-                {"parentUuid": None, "logicalParentUuid": parent, **common}
-                | {
-                    "type": "system",
-                    "subtype": "compact_boundary",
-                    "content": "Conversation compacted",
-                    "isMeta": False,
-                    "level": "info",
-                    "compactMetadata": {
-                        "trigger": marker.get("trigger") or "manual",
-                        "preTokens": marker.get("tokens_before") or 0,
-                    },
-                    "uuid": uid,
-                    "timestamp": _iso(m.created_at),
-                }
-            )
-            parent = uid
-        else:  # user, or a system message said in place as context
-            (uid,) = plan.ids(m, 1)
-            flags: dict[str, Any] = {}
-            if m.role == "system" or m.metadata.get("meta"):
-                flags["isMeta"] = True
-            if m.metadata.get("compact_summary"):
-                flags["isCompactSummary"] = True
-                flags["isVisibleInTranscriptOnly"] = True
-            body = {"role": "user", "content": _claude_content(m.parts, plan.images)}
-            record("user", uid, parent, m, message=body, **flags)
-            parent = uid
-        if parent is not None:
-            last[m.id] = parent
-    leaf = last[plan.tip.id]
-    title = " ".join(conversation.title.split())
-    head = [{"type": "summary", "summary": title, "leafUuid": leaf}] if title else []
-    pointer: dict[str, Any] = {"type": "last-prompt"}
-    prompt = _last_prompt(plan.path())
-    if prompt:
-        pointer["lastPrompt"] = prompt
-    pointer["leafUuid"] = leaf
-    if not plan.tip_is_leaf:
-        # Without "explicit" Claude Code resumes at a leaf; with it, at the message named.
-        pointer["explicit"] = True
-    pointer["sessionId"] = sid
-    return Session(session_id=sid, content=_lines([*head, *rows, pointer]))
+    writer = _ClaudeCodeWriter(plan, cwd)
+    last = plan.walk(writer.write)
+    return Session(session_id=writer.sid, content=writer.content(last[plan.tip.id]))
 
 
 def _tool_use_result(name: str | None, results: list[Part]) -> Any:
@@ -599,7 +650,7 @@ def _pi_usage(message: Message) -> dict[str, Any]:
     usage = message.metadata.get("usage")
     if _source(message).get("format") == "pi" and isinstance(usage, dict):
         return usage
-    fresh, output, read, write = _tokens(usage) or (0, 0, 0, 0)
+    fresh, output, read, write = usage_counts(usage) or (0, 0, 0, 0)
     return {
         "input": fresh,
         "output": output,
@@ -654,141 +705,181 @@ def _pi_content(parts: list[Part], images: _Images) -> list[dict[str, Any]]:
     return out
 
 
-def pi_session(
-    *, conversation: Conversation, tip: uuid.UUID | None = None, cwd: str = DEFAULT_CWD
-) -> Session:
-    plan = _plan(conversation, tip)
-    sid = str(plan.session)
-    used: set[str] = set()
+class _PiWriter:
+    """The entries of one pi session file. ``write`` adds what one message becomes and
+    returns the id of its last entry (what its children hang below)."""
 
-    def short_id(name: str) -> str:
+    def __init__(self, plan: _Plan, cwd: str) -> None:
+        self.plan = plan
+        self.sid = str(plan.session)
+        self.used: set[str] = set()
+        self.rows: list[dict[str, Any]] = [
+            {
+                "type": "session",
+                "version": PI_SESSION_VERSION,
+                "id": self.sid,
+                "timestamp": _iso(plan.conversation.created_at),
+                "cwd": cwd,
+            }
+        ]
+        # Source ids an import from pi kept → entry ids here, for the compaction and
+        # branch-summary entries that name other entries.
+        self.from_source: dict[str, str] = {}
+        self.naming: list[dict[str, Any]] = []
+
+    def short_id(self, name: str) -> str:
         # pi's own ids are 8 hex digits; a clash (rare) takes the whole hash.
-        full = uuid.uuid5(plan.session, name).hex
-        chosen = full[:8] if full[:8] not in used else full
-        used.add(chosen)
+        full = uuid.uuid5(self.plan.session, name).hex
+        chosen = full[:8] if full[:8] not in self.used else full
+        self.used.add(chosen)
         return chosen
 
-    rows: list[dict[str, Any]] = [
-        {
-            "type": "session",
-            "version": PI_SESSION_VERSION,
-            "id": sid,
-            "timestamp": _iso(conversation.created_at),
-            "cwd": cwd,
-        }
-    ]
-
-    def entry(kind: str, parent: str | None, m: Message, key: str, **fields: Any) -> str:
-        eid = short_id(key)
-        rows.append(
+    def entry(self, kind: str, parent: str | None, m: Message, key: str, **fields: Any) -> str:
+        eid = self.short_id(key)
+        self.rows.append(
             {"type": kind, "id": eid, "parentId": parent, "timestamp": _iso(m.created_at)} | fields
         )
         return eid
 
-    # Source ids an import from pi kept → entry ids here, for the compaction and
-    # branch-summary entries that name other entries.
-    from_source: dict[str, str] = {}
-    naming: list[dict[str, Any]] = []
-    last: dict[uuid.UUID, str] = {}
-    for m in plan.messages:
-        parent = last.get(m.parent_id) if m.parent_id else None
-        ms = _epoch_ms(m.created_at)
-        first = len(rows)
-        if m.role == "tool":
-            names = plan.call_names(m)
-            results = [p for p in m.parts if p.get("type") == "tool_result"]
-            for k, part in enumerate(results):
-                call_id = str(part.get("call_id"))
-                body = {
-                    "role": "toolResult",
-                    "toolCallId": call_id,
-                    "toolName": m.metadata.get("tool_name") or names.get(call_id, "unknown"),
-                    "content": _pi_content(part.get("parts", []), plan.images),
-                    "isError": bool(part.get("is_error")),
-                    "timestamp": ms,
-                }
-                parent = entry("message", parent, m, f"{m.id}/{k}", message=body)
-        elif m.role == "assistant":
-            provider, api = _pi_provider(m, conversation)
-            raw = _finish(m)
-            body = {
-                "role": "assistant",
-                "content": _pi_content(m.parts, plan.images),
-                "api": api,
-                "provider": provider,
-                "model": _model_name(m, conversation),
-                "usage": _pi_usage(m),
-                "stopReason": _TO_PI_STOP.get(raw or "")
-                or ("toolUse" if _has_calls(m) else "stop"),
-                "timestamp": ms,
-            }
-            if isinstance(m.metadata.get("error"), str):
-                body["errorMessage"] = m.metadata["error"]
-            parent = entry("message", parent, m, f"{m.id}/0", message=body)
-        elif (marker := _marker(m, "pi")) is not None:
-            text = _texts(m.parts)
-            head = _PI_COMPACTION_HEAD.match(text)
-            fields: dict[str, Any] = {"summary": text[head.end() :] if head else text}
-            first_kept = marker.get("first_kept")
-            if isinstance(first_kept, int):  # version 1 counted entries, the header as 0
-                first_kept = f"entry-{first_kept}"
-            if isinstance(first_kept, str):
-                fields["firstKeptEntryId"] = first_kept  # a source id, mapped below
-            if isinstance(marker.get("tokens_before"), int):
-                fields["tokensBefore"] = marker["tokens_before"]
-            parent = entry("compaction", parent, m, f"{m.id}/0", **fields)
-            naming.append(rows[-1])
-        elif isinstance(m.metadata.get("branch_summary"), dict):
-            summary = _texts(m.parts).removeprefix(_PI_BRANCH_HEAD)
-            from_id = m.metadata["branch_summary"].get("from_id")
-            parent = entry(
-                "branch_summary", parent, m, f"{m.id}/0", fromId=from_id, summary=summary
-            )
-            naming.append(rows[-1])
-        elif m.role == "system" or m.metadata.get("custom_type"):
-            parent = entry(
-                "custom_message",
-                parent,
-                m,
-                f"{m.id}/0",
-                customType=m.metadata.get("custom_type") or "arbor-system",
-                content=_pi_content(m.parts, plan.images),
-                display=True,
-            )
-        else:
-            body = {"role": "user", "content": _pi_content(m.parts, plan.images), "timestamp": ms}
-            parent = entry("message", parent, m, f"{m.id}/0", message=body)
+    def write(self, m: Message, parent: str | None) -> str | None:
+        first = len(self.rows)
+        parent = self._write(m, parent)
         source = _source(m)
-        if source.get("format") == "pi" and isinstance(source.get("id"), str) and first < len(rows):
-            from_source.setdefault(source["id"], rows[first]["id"])
-        if parent is not None:
-            last[m.id] = parent
-    for row in naming:
-        if isinstance(row.get("fromId"), str):
-            row["fromId"] = from_source.get(row["fromId"], row["fromId"])
-        if "firstKeptEntryId" in row:
-            if row["firstKeptEntryId"] in from_source:
-                row["firstKeptEntryId"] = from_source[row["firstKeptEntryId"]]
-            else:
-                # Not in this file (an entry the import left out): pi then keeps nothing
-                # from before the compaction but its summary.
-                del row["firstKeptEntryId"]
-    # pi resumes at the file's last entry: the live checkpoints as labels, then the title,
-    # hung below the tip.
-    parent = last[plan.tip.id]
-    checkpoints = Checkpoint.objects.filter(
-        conversation=conversation, state=CheckpointState.LIVE
-    ).order_by("created_at", "id")
-    for cp in checkpoints:
-        if cp.message_id in last:
-            parent = entry(
-                "label",
-                parent,
-                plan.tip,
-                f"label/{cp.pk}",
-                targetId=last[cp.message_id],
-                label=cp.label,
-            )
-    title = " ".join(conversation.title.split())
-    entry("session_info", parent, plan.tip, "session_info", name=title)
-    return Session(session_id=sid, content=_lines(rows))
+        if (
+            source.get("format") == "pi"
+            and isinstance(source.get("id"), str)
+            and first < len(self.rows)
+        ):
+            self.from_source.setdefault(source["id"], self.rows[first]["id"])
+        return parent
+
+    def _write(self, m: Message, parent: str | None) -> str | None:
+        if m.role == "tool":
+            return self.tool_results(m, parent)
+        if m.role == "assistant":
+            return self.assistant(m, parent)
+        marker = _marker(m, "pi")
+        if marker is not None:
+            return self.compaction(m, parent, marker)
+        if isinstance(m.metadata.get("branch_summary"), dict):
+            return self.branch_summary(m, parent)
+        if m.role == "system" or m.metadata.get("custom_type"):
+            return self.custom_message(m, parent)
+        body = {
+            "role": "user",
+            "content": _pi_content(m.parts, self.plan.images),
+            "timestamp": _epoch_ms(m.created_at),
+        }
+        return self.entry("message", parent, m, f"{m.id}/0", message=body)
+
+    def tool_results(self, m: Message, parent: str | None) -> str | None:
+        """One ``toolResult`` entry per result, chained (pi has no message of several)."""
+        names = self.plan.call_names(m)
+        results = [p for p in m.parts if p.get("type") == "tool_result"]
+        for k, part in enumerate(results):
+            call_id = str(part.get("call_id"))
+            body = {
+                "role": "toolResult",
+                "toolCallId": call_id,
+                "toolName": m.metadata.get("tool_name") or names.get(call_id, "unknown"),
+                "content": _pi_content(part.get("parts", []), self.plan.images),
+                "isError": bool(part.get("is_error")),
+                "timestamp": _epoch_ms(m.created_at),
+            }
+            parent = self.entry("message", parent, m, f"{m.id}/{k}", message=body)
+        return parent
+
+    def assistant(self, m: Message, parent: str | None) -> str:
+        provider, api = _pi_provider(m, self.plan.conversation)
+        raw = _finish(m)
+        body = {
+            "role": "assistant",
+            "content": _pi_content(m.parts, self.plan.images),
+            "api": api,
+            "provider": provider,
+            "model": _model_name(m, self.plan.conversation),
+            "usage": _pi_usage(m),
+            "stopReason": _TO_PI_STOP.get(raw or "") or ("toolUse" if _has_calls(m) else "stop"),
+            "timestamp": _epoch_ms(m.created_at),
+        }
+        if isinstance(m.metadata.get("error"), str):
+            body["errorMessage"] = m.metadata["error"]
+        return self.entry("message", parent, m, f"{m.id}/0", message=body)
+
+    def compaction(self, m: Message, parent: str | None, marker: dict[str, Any]) -> str:
+        text = _texts(m.parts)
+        head = _PI_COMPACTION_HEAD.match(text)
+        fields: dict[str, Any] = {"summary": text[head.end() :] if head else text}
+        first_kept = marker.get("first_kept")
+        if isinstance(first_kept, int):  # version 1 counted entries, the header as 0
+            first_kept = f"entry-{first_kept}"
+        if isinstance(first_kept, str):
+            fields["firstKeptEntryId"] = first_kept  # a source id, mapped in link_names
+        if isinstance(marker.get("tokens_before"), int):
+            fields["tokensBefore"] = marker["tokens_before"]
+        eid = self.entry("compaction", parent, m, f"{m.id}/0", **fields)
+        self.naming.append(self.rows[-1])
+        return eid
+
+    def branch_summary(self, m: Message, parent: str | None) -> str:
+        summary = _texts(m.parts).removeprefix(_PI_BRANCH_HEAD)
+        from_id = m.metadata["branch_summary"].get("from_id")
+        eid = self.entry("branch_summary", parent, m, f"{m.id}/0", fromId=from_id, summary=summary)
+        self.naming.append(self.rows[-1])
+        return eid
+
+    def custom_message(self, m: Message, parent: str | None) -> str:
+        return self.entry(
+            "custom_message",
+            parent,
+            m,
+            f"{m.id}/0",
+            customType=m.metadata.get("custom_type") or "arbor-system",
+            content=_pi_content(m.parts, self.plan.images),
+            display=True,
+        )
+
+    def link_names(self) -> None:
+        """Point the entries that name other entries at their ids in this file."""
+        for row in self.naming:
+            if isinstance(row.get("fromId"), str):
+                row["fromId"] = self.from_source.get(row["fromId"], row["fromId"])
+            if "firstKeptEntryId" in row:
+                if row["firstKeptEntryId"] in self.from_source:
+                    row["firstKeptEntryId"] = self.from_source[row["firstKeptEntryId"]]
+                else:
+                    # Not in this file (an entry the import left out): pi then keeps
+                    # nothing from before the compaction but its summary.
+                    del row["firstKeptEntryId"]
+
+    def close(self, last: dict[uuid.UUID, str]) -> None:
+        """pi resumes at the file's last entry: the live checkpoints as labels, then the
+        title, hung below the tip."""
+        conversation, tip = self.plan.conversation, self.plan.tip
+        parent = last[tip.id]
+        checkpoints = Checkpoint.objects.filter(
+            conversation=conversation, state=CheckpointState.LIVE
+        ).order_by("created_at", "id")
+        for cp in checkpoints:
+            if cp.message_id in last:
+                parent = self.entry(
+                    "label",
+                    parent,
+                    tip,
+                    f"label/{cp.pk}",
+                    targetId=last[cp.message_id],
+                    label=cp.label,
+                )
+        title = " ".join(conversation.title.split())
+        self.entry("session_info", parent, tip, "session_info", name=title)
+
+
+def pi_session(
+    *, conversation: Conversation, tip: uuid.UUID | None = None, cwd: str = DEFAULT_CWD
+) -> Session:
+    plan = _plan(conversation, tip)
+    writer = _PiWriter(plan, cwd)
+    last = plan.walk(writer.write)
+    writer.link_names()
+    writer.close(last)
+    return Session(session_id=writer.sid, content=_lines(writer.rows))

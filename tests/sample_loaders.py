@@ -1,307 +1,42 @@
-"""Small loaders that turn the real sample sessions into Arbor-shaped message lists, and a
-density-model fake of the snapshot renderer. For the compaction tests and bench only.
+"""The real sample sessions for the compaction tests, and a density-model fake of the
+snapshot renderer.
 
-The samples are read in place from ``../shared/samples`` (never copied into the repo).
-These loaders keep just what the ladder needs; the real importer is a separate piece of
-work and handles more (branches, sidechains as conversations, compaction records).
-
-Arbor shape: ``{"id", "role" (system/user/assistant/tool), "parts", "metadata"}`` with
-parts ``text``, ``image`` (blob = sha256 of the bytes, mime, width, height),
-``tool_call``, ``tool_result`` (in a ``tool`` message right after its call) and
-``thinking``. Measured usage becomes ``metadata.usage.input_tokens`` (the whole prompt:
-uncached + cache read + cache write).
-
-- **pi** (session format v1): ``message`` records with role user / assistant /
-  toolResult and content blocks text / toolCall / image / thinking. Messages get ids
-  ``pi-<line>-<n>``. One line of the file holds two records with no newline; both are
-  kept. ``bashExecution`` records (a shell command the user ran outside the model) are
-  skipped. Tool calls that never got a result (aborted steps) are left out, as
-  conversations/resume.py does, so the list is a valid request.
-- **Claude Code**: ``user``/``assistant`` records linked by ``parentUuid`` (one file may
-  hold several chains: Task sub-agents are written as sidechains). A chain is read from
-  a leaf back to its root, following ``logicalParentUuid`` across a compaction boundary.
-  Assistant records that share ``message.id`` are one API message and are merged.
-  ``tool_result`` blocks in user records become ``tool`` messages.
+The samples are read by ``compaction.bench_samples`` (Arbor's own importers, no
+database), the one reader the ladder bench uses too; the names are re-exported here so
+the tests keep one import. ``DensityRenderer`` is a stand-in for compaction/render.py
+with the same page size and billing, cheap and deterministic.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import json
-import struct
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from compaction.bench_samples import (
+    CLAUDE_CODE_DIR,
+    PI_SAMPLE,
+    SAMPLES,
+    Sample,
+    load_claude_code,
+    load_pi,
+    load_samples,
+)
 from conversations.providers.billing import image_tokens
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
-PI_SAMPLE = SAMPLES / "pi" / "pi-mono__compact.jsonl"
-CLAUDE_CODE_DIR = SAMPLES / "claude-code"
-
-Message = dict[str, Any]
-
-
-@dataclass
-class Sample:
-    name: str
-    messages: list[Message]
-    blob_sizes: dict[str, int] = field(default_factory=dict)
-    # Index (into messages) of the first message after each compaction the tool made.
-    compactions: list[int] = field(default_factory=list)
-    dropped_calls: int = 0
-
-
-def _png_size(data: bytes) -> tuple[int, int]:
-    if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 24:
-        width, height = struct.unpack(">II", data[16:24])
-        return int(width), int(height)
-    return 0, 0
-
-
-def _image_part(data_b64: str, mime: str, blob_sizes: dict[str, int]) -> dict[str, Any]:
-    raw = base64.b64decode(data_b64)
-    sha = hashlib.sha256(raw).hexdigest()
-    blob_sizes[sha] = len(raw)
-    width, height = _png_size(raw)
-    return {"type": "image", "blob": sha, "mime": mime, "width": width, "height": height}
-
-
-def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Every JSON record of a JSONL file, even two on one line (pi's last line)."""
-    decoder = json.JSONDecoder()
-    with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle):
-            text, pos = line.strip(), 0
-            while pos < len(text):
-                record, pos = decoder.raw_decode(text, pos)
-                while pos < len(text) and text[pos].isspace():
-                    pos += 1
-                yield lineno, record
-
-
-def _drop_unanswered_calls(messages: list[Message]) -> tuple[list[Message], int]:
-    answered = {
-        p["call_id"]
-        for m in messages
-        if m["role"] == "tool"
-        for p in m["parts"]
-        if p["type"] == "tool_result"
-    }
-    out: list[Message] = []
-    dropped = 0
-    for m in messages:
-        if m["role"] == "assistant":
-            parts = [p for p in m["parts"] if p["type"] != "tool_call" or p["id"] in answered]
-            dropped += len(m["parts"]) - len(parts)
-            if not parts:
-                continue
-            m = {**m, "parts": parts}
-        out.append(m)
-    return out, dropped
-
-
-def load_pi(path: Path = PI_SAMPLE) -> Sample:
-    messages: list[Message] = []
-    blob_sizes: dict[str, int] = {}
-    compactions: list[int] = []
-    for n, (lineno, record) in enumerate(_records(path)):
-        if record.get("type") == "compaction":
-            compactions.append(len(messages))
-            continue
-        if record.get("type") != "message":
-            continue
-        raw = record["message"]
-        role = raw.get("role")
-        mid = f"pi-{lineno}-{n}"
-        content = raw.get("content") or []
-        if role == "toolResult":
-            inner: list[dict[str, Any]] = []
-            for block in content:
-                if block.get("type") == "text":
-                    inner.append({"type": "text", "text": block.get("text", "")})
-                elif block.get("type") == "image":
-                    inner.append(_image_part(block["data"], block["mimeType"], blob_sizes))
-            part = {
-                "type": "tool_result",
-                "call_id": raw["toolCallId"],
-                "is_error": bool(raw.get("isError")),
-                "parts": inner,
-            }
-            messages.append({"id": mid, "role": "tool", "parts": [part], "metadata": {}})
-            continue
-        if role not in ("user", "assistant"):
-            continue  # bashExecution: a command the user ran, not part of the prompt
-        parts: list[dict[str, Any]] = []
-        for block in content:
-            kind = block.get("type")
-            if kind == "text":
-                parts.append({"type": "text", "text": block.get("text", "")})
-            elif kind == "image":
-                parts.append(_image_part(block["data"], block["mimeType"], blob_sizes))
-            elif kind == "toolCall":
-                parts.append(
-                    {
-                        "type": "tool_call",
-                        "id": block["id"],
-                        "name": block["name"],
-                        "arguments": block.get("arguments") or {},
-                    }
-                )
-            elif kind == "thinking":
-                parts.append({"type": "thinking", "text": block.get("thinking", "")})
-        metadata: dict[str, Any] = {}
-        usage = raw.get("usage")
-        if role == "assistant" and usage:
-            prompt = (
-                int(usage.get("input", 0))
-                + int(usage.get("cacheRead", 0))
-                + int(usage.get("cacheWrite", 0))
-            )
-            metadata["usage"] = {
-                "input_tokens": prompt,
-                "output_tokens": int(usage.get("output", 0)),
-            }
-        if parts:
-            messages.append({"id": mid, "role": role, "parts": parts, "metadata": metadata})
-    messages, dropped = _drop_unanswered_calls(messages)
-    return Sample("pi", messages, blob_sizes, compactions, dropped)
-
-
-def claude_code_chains(path: Path) -> dict[str, list[dict[str, Any]]]:
-    """Every chain of a Claude Code file, root first, keyed by its leaf uuid."""
-    records = [r for _, r in _records(path) if "uuid" in r]
-    by_uuid = {r["uuid"]: r for r in records}
-    has_child = {r.get("parentUuid") for r in records} | {
-        r.get("logicalParentUuid") for r in records
-    }
-    chains: dict[str, list[dict[str, Any]]] = {}
-    for leaf in (r["uuid"] for r in records if r["uuid"] not in has_child):
-        chain: list[dict[str, Any]] = []
-        uuid: str | None = leaf
-        while uuid and uuid in by_uuid:
-            record = by_uuid[uuid]
-            chain.append(record)
-            uuid = record.get("parentUuid") or record.get("logicalParentUuid")
-        chains[leaf] = chain[::-1]
-    return chains
-
-
-def _chain_chars(chain: list[dict[str, Any]]) -> int:
-    return sum(len(json.dumps(r.get("message"))) for r in chain)
-
-
-def _cc_blocks(content: Any) -> list[dict[str, Any]]:
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    return list(content or [])
-
-
-def load_claude_code(path: Path, *, leaf: str | None = None, name: str | None = None) -> Sample:
-    """One chain of a Claude Code session: ``leaf``'s, or the one with the most text."""
-    chains = claude_code_chains(path)
-    if leaf is None:
-        leaf = max(chains, key=lambda k: _chain_chars(chains[k]))
-    messages: list[Message] = []
-    blob_sizes: dict[str, int] = {}
-    last_api_id: str | None = None
-    for record in chains[leaf]:
-        kind = record.get("type")
-        body = record.get("message")
-        if kind not in ("user", "assistant") or not isinstance(body, dict):
-            last_api_id = None
-            continue
-        if kind == "assistant":
-            parts: list[dict[str, Any]] = []
-            for block in _cc_blocks(body.get("content")):
-                if block.get("type") == "text":
-                    parts.append({"type": "text", "text": block.get("text", "")})
-                elif block.get("type") == "tool_use":
-                    parts.append(
-                        {
-                            "type": "tool_call",
-                            "id": block["id"],
-                            "name": block["name"],
-                            "arguments": block.get("input") or {},
-                        }
-                    )
-                elif block.get("type") == "thinking":
-                    part: dict[str, Any] = {"type": "thinking", "text": block.get("thinking", "")}
-                    if block.get("signature"):
-                        part["signature"] = block["signature"]
-                    parts.append(part)
-            usage = body.get("usage") or {}
-            prompt = sum(
-                int(usage.get(k) or 0)
-                for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-            )
-            metadata = {"usage": {"input_tokens": prompt}} if prompt else {}
-            api_id = body.get("id")
-            if api_id and api_id == last_api_id and messages:
-                # One API message written as several records: merge them.
-                merged = messages[-1]
-                messages[-1] = {**merged, "parts": merged["parts"] + parts}
-            elif parts:
-                messages.append(
-                    {
-                        "id": record["uuid"],
-                        "role": "assistant",
-                        "parts": parts,
-                        "metadata": metadata,
-                    }
-                )
-            last_api_id = api_id
-            continue
-        last_api_id = None
-        results: list[dict[str, Any]] = []
-        texts: list[dict[str, Any]] = []
-        for block in _cc_blocks(body.get("content")):
-            if block.get("type") == "tool_result":
-                inner: list[dict[str, Any]] = []
-                for item in _cc_blocks(block.get("content")):
-                    if item.get("type") == "text":
-                        inner.append({"type": "text", "text": item.get("text", "")})
-                    elif item.get("type") == "image":
-                        source = item.get("source") or {}
-                        inner.append(_image_part(source["data"], source["media_type"], blob_sizes))
-                results.append(
-                    {
-                        "type": "tool_result",
-                        "call_id": block["tool_use_id"],
-                        "is_error": bool(block.get("is_error")),
-                        "parts": inner,
-                    }
-                )
-            elif block.get("type") == "text":
-                texts.append({"type": "text", "text": block.get("text", "")})
-            elif block.get("type") == "image":
-                source = block.get("source") or {}
-                texts.append(_image_part(source["data"], source["media_type"], blob_sizes))
-        if results:
-            messages.append(
-                {"id": record["uuid"], "role": "tool", "parts": results, "metadata": {}}
-            )
-        if texts:
-            mid = record["uuid"] if not results else f"{record['uuid']}-text"
-            messages.append({"id": mid, "role": "user", "parts": texts, "metadata": {}})
-    messages, dropped = _drop_unanswered_calls(messages)
-    return Sample(name or f"claude-code:{path.stem}", messages, blob_sizes, [], dropped)
-
-
-def load_samples() -> list[Sample]:
-    """Every real sample the ladder is measured on: pi, and per Claude Code file the
-    chain with the most text plus each main (non-sidechain) chain that differs from it."""
-    samples = [load_pi()]
-    for path in sorted(CLAUDE_CODE_DIR.glob("*.jsonl")):
-        chains = claude_code_chains(path)
-        longest = max(chains, key=lambda k: _chain_chars(chains[k]))
-        samples.append(load_claude_code(path, leaf=longest, name=f"{path.stem}:longest"))
-        for n, (leaf, chain) in enumerate(chains.items()):
-            if leaf != longest and not chain[-1].get("isSidechain"):
-                samples.append(load_claude_code(path, leaf=leaf, name=f"{path.stem}:main{n}"))
-    return samples
+__all__ = [
+    "CLAUDE_CODE_DIR",
+    "PI_SAMPLE",
+    "SAMPLES",
+    "DensityRenderer",
+    "FakePage",
+    "FakeRenderResult",
+    "Sample",
+    "load_claude_code",
+    "load_pi",
+    "load_samples",
+]
 
 
 # --- a density-model fake of compaction/render.py ---------------------------------------

@@ -1,0 +1,112 @@
+"""The real samples as the ladder bench and the compaction tests read them
+(compaction/bench_samples.py): through Arbor's own importers, no database, and no
+application module reading anything from ``tests/``."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from compaction.bench_samples import CLAUDE_CODE_DIR, PI_SAMPLE, load_claude_code, load_pi
+
+ROOT = Path(__file__).resolve().parents[1]
+APPS = ("arbor", "compaction", "conversations")
+
+pytestmark = pytest.mark.skipif(
+    not PI_SAMPLE.exists(), reason=f"the shared samples are not at {PI_SAMPLE.parent.parent}"
+)
+
+
+def raw_pi_messages() -> list[dict[str, Any]]:
+    messages = []
+    for line in PI_SAMPLE.read_text(encoding="utf-8").splitlines():
+        decoder, pos = json.JSONDecoder(), 0
+        while pos < len(line):  # the last line holds two records
+            record, pos = decoder.raw_decode(line, pos)
+            if record.get("type") == "message":
+                messages.append(record["message"])
+    return messages
+
+
+def test_no_application_module_imports_the_tests() -> None:
+    offenders = []
+    for app in APPS:
+        for path in (ROOT / app).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom)
+                    else []
+                )
+                if any(n == "tests" or n.startswith("tests.") for n in names):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert offenders == []
+
+
+def test_it_reads_the_pi_sample_as_the_importer_does() -> None:
+    sample = load_pi()
+    # The importer's keys (pi v1 has no ids of its own), in file order.
+    assert all(m["id"].startswith("entry-") for m in sample.messages)
+    assert {m["role"] for m in sample.messages} == {"user", "assistant", "tool"}
+    # A command the user ran in pi is a user message, as an import keeps it.
+    assert any(
+        p.get("text", "").startswith("Ran `open out.html`")
+        for m in sample.messages
+        if m["role"] == "user"
+        for p in m["parts"]
+    )
+    # pi compacted twice: the markers are taken out, their places kept.
+    assert len(sample.compactions) == 2
+    assert 0 < sample.compactions[0] < sample.compactions[1] <= len(sample.messages)
+
+
+def test_it_keeps_images_as_blob_references_with_their_sizes() -> None:
+    sample = load_pi()
+    images = [
+        inner
+        for m in sample.messages
+        for p in m["parts"]
+        for inner in ([p, *p.get("parts", [])] if p["type"] == "tool_result" else [p])
+        if inner["type"] == "image"
+    ]
+    assert images and set(sample.blob_sizes) == {i["blob"] for i in images}
+    for image in images:
+        assert set(image) == {"type", "blob", "mime", "width", "height"}
+        assert image["width"] > 0 and image["height"] > 0
+        assert sample.blob_sizes[image["blob"]] > 0
+
+
+def test_measured_usage_is_the_whole_prompt() -> None:
+    sample = load_pi()
+    raw = [m for m in raw_pi_messages() if m.get("role") == "assistant" and m.get("usage")]
+    measured = [m["metadata"]["usage"] for m in sample.messages if m["role"] == "assistant"]
+    first = raw[0]["usage"]
+    prompt = first["input"] + first["cacheRead"] + first["cacheWrite"]
+    assert measured[0] == {"input_tokens": prompt, "output_tokens": first["output"]}
+    assert all(m["metadata"] == {} for m in sample.messages if m["role"] != "assistant")
+
+
+def test_every_tool_call_of_a_sample_is_answered() -> None:
+    for sample in [load_pi(), *load_claude_code(sorted(CLAUDE_CODE_DIR.glob("*.jsonl"))[-1])]:
+        calls = {p["id"] for m in sample.messages for p in m["parts"] if p["type"] == "tool_call"}
+        results = {
+            p["call_id"] for m in sample.messages for p in m["parts"] if p["type"] == "tool_result"
+        }
+        assert calls == results, sample.name
+
+
+def test_a_claude_code_file_gives_its_longest_line_and_each_main_line() -> None:
+    path = CLAUDE_CODE_DIR / "claude-code-log__dag_compact_after_rewind.jsonl"
+    samples = {s.name: s for s in load_claude_code(path)}
+    assert set(samples) == {f"{path.stem}:longest", f"{path.stem}:main0"}
+    longest = samples[f"{path.stem}:longest"]
+    # Claude Code's compact_boundary is taken out; the summary after it stays.
+    assert len(longest.compactions) == 1
+    assert longest.messages[longest.compactions[0]]["role"] == "user"
+    assert len(longest.messages) > len(samples[f"{path.stem}:main0"].messages)
