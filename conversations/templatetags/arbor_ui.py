@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Protocol
 
 from django import template
+from django.urls import reverse
 from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
 
@@ -41,13 +42,54 @@ def is_long(text: Any) -> bool:
 
 
 @register.filter
-def first_parts(parts: Any) -> Any:
-    return parts[:RENDER_MAX_PARTS] if isinstance(parts, list) else parts
+def first_parts(parts: Any, whole: Any = False) -> Any:
+    """The parts the chat shows (the rest is behind "Show all"); every part when
+    ``whole`` (the compaction record shows what the model saw in full)."""
+    if whole or not isinstance(parts, list):
+        return parts
+    return parts[:RENDER_MAX_PARTS]
 
 
 @register.filter
 def parts_left_out(parts: Any) -> int:
     return max(0, len(parts) - RENDER_MAX_PARTS) if isinstance(parts, list) else 0
+
+
+@register.filter
+def rung_names(rungs: Any) -> str:
+    """The rungs a compaction record applied, by name, in order ("elision, snapshot")."""
+    if not isinstance(rungs, list):
+        return ""
+    return ", ".join(str(r.get("rung", "")) for r in rungs if isinstance(r, dict))
+
+
+class _Record(Protocol):
+    """What blob_url needs of a compaction record (conversations does not import the
+    compaction app: it depends on this one)."""
+
+    pk: Any
+    conversation_id: Any
+
+
+@register.simple_tag
+def blob_url(sha256: str, record: _Record | None = None, scope: str = "owner") -> str:
+    """Where a page loads image ``sha256`` from. In a conversation, the blob API (it
+    serves a blob to the users who uploaded it); on a compaction ``record``'s page, the
+    record's own blob view, which serves only the images that record shows: the
+    owner's, or staff's with ``scope="audit"``."""
+    if not record:
+        return reverse("api:get_blob", args=[sha256])
+    if scope == "audit":
+        return reverse("compaction:audit_blob", args=[record.pk, sha256])
+    return reverse("compaction:record_blob", args=[record.conversation_id, record.pk, sha256])
+
+
+@register.simple_tag
+def message_url(conversation_id: Any, message_id: Any) -> str:
+    """The chat view of the branch through a message, scrolled to it: the link every
+    page uses to show one message (the chat selects ``?m=`` and marks it found)."""
+    url = reverse("conversations:detail", args=[conversation_id])
+    return f"{url}?m={message_id}#msg-{message_id}"
 
 
 @register.filter
