@@ -42,9 +42,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any, Protocol
 
 from compaction.estimate import (
@@ -492,12 +492,138 @@ def elision_placeholder(message_id: str, chars: int) -> str:
 
 @dataclass(frozen=True)
 class _Candidate:
+    """A tool result elision may replace, and what it could be referred to by later."""
+
     index: int
     part: int
     call_id: str
     revealed: frozenset[str]
     numbers: frozenset[str]
     plain: frozenset[str]
+
+
+def _asked_words(message: Message) -> dict[str, set[str]]:
+    """The words and numbers of each tool call's arguments, by call id: what a call
+    asked for is not something its result revealed."""
+    asked: dict[str, set[str]] = {}
+    for part in message["parts"]:
+        if part.get("type") == "tool_call":
+            args = compact_json(part.get("arguments"))
+            asked[str(part["id"])] = _words(args) | spoken_numbers(args)
+    return asked
+
+
+def _result_candidates(
+    index: int,
+    message: Message,
+    *,
+    seen: set[str],
+    seen_plain: set[str],
+    call_words: Mapping[str, set[str]],
+) -> list[_Candidate]:
+    """The results of one tool message that may be elided (errors never are), each with
+    what it brought that nothing before it said and its own call did not ask for."""
+    candidates: list[_Candidate] = []
+    for j, part in enumerate(message["parts"]):
+        if part.get("type") != "tool_result" or part.get("is_error"):
+            continue
+        text = _result_text(part)
+        call_id = str(part.get("call_id"))
+        asked = call_words.get(call_id, set())
+        candidates.append(
+            _Candidate(
+                index,
+                j,
+                call_id,
+                frozenset(distinctive_tokens(text) - seen - asked),
+                frozenset(quoted_numbers(text) - asked),
+                frozenset(plain_words(text) - seen_plain - asked),
+            )
+        )
+    return candidates
+
+
+def _elision_candidates(
+    messages: Sequence[Message], *, head_end: int, recent: int
+) -> list[_Candidate]:
+    """Every result between the head and the last K turns that may be elided, in order.
+    One walk forwards: ``seen`` holds what the messages before each result said."""
+    seen: set[str] = set()
+    seen_plain: set[str] = set()
+    call_words: dict[str, set[str]] = {}
+    candidates: list[_Candidate] = []
+    for i, message in enumerate(messages):
+        if head_end <= i < recent and message["role"] == "tool":
+            candidates += _result_candidates(
+                i, message, seen=seen, seen_plain=seen_plain, call_words=call_words
+            )
+        everything = _all_text(message)
+        seen |= distinctive_tokens(everything)
+        seen_plain |= plain_words(everything)
+        if i < recent:
+            call_words.update(_asked_words(message))
+    return candidates
+
+
+@dataclass
+class _Later:
+    """What the messages after a point say, gathered walking backwards."""
+
+    words: set[str] = field(default_factory=set)  # words of narration and tool arguments
+    numbers: set[str] = field(default_factory=set)
+    ids: set[str] = field(default_factory=set)  # every word anywhere, tool results included
+    args: set[str] = field(default_factory=set)  # plain words of tool calls' arguments
+
+    def refers_to(self, message_id: str, candidate: _Candidate) -> bool:
+        """Whether anything later uses the result: its ids, or what it revealed."""
+        return bool(
+            message_id in self.ids
+            or candidate.call_id in self.ids
+            or candidate.revealed & self.words
+            or candidate.numbers & self.numbers
+            or candidate.plain & self.args
+        )
+
+    def add(self, message: Message) -> None:
+        spoken = _narration(message) + "\n" + _call_arguments(message)
+        self.words |= _words(spoken) | distinctive_tokens(spoken)
+        self.numbers |= spoken_numbers(spoken)
+        self.args |= plain_words(_call_arguments(message))
+        # Ids count wherever they are quoted, results included (a recall of this id).
+        self.ids |= _words(_all_text(message))
+
+
+def _eventful(
+    messages: Sequence[Message], candidates: Iterable[_Candidate]
+) -> set[tuple[int, int]]:
+    """``(message index, part index)`` of the candidates something later refers to."""
+    by_index: dict[int, list[_Candidate]] = {}
+    for candidate in candidates:
+        by_index.setdefault(candidate.index, []).append(candidate)
+    later = _Later()
+    keep: set[tuple[int, int]] = set()
+    # Walk backwards so ``later`` holds what every message after ``i`` says.
+    for i in range(len(messages) - 1, -1, -1):
+        mid = messages[i]["id"]
+        keep.update((c.index, c.part) for c in by_index.get(i, ()) if later.refers_to(mid, c))
+        later.add(messages[i])
+    return keep
+
+
+def _elide_result(message: Message, index: int) -> tuple[Message, str] | None:
+    """``message`` with the text of its part ``index`` (a tool result) collapsed into
+    the placeholder, and the placeholder; None when that would not save anything."""
+    part = message["parts"][index]
+    text = _result_text(part)
+    placeholder = elision_placeholder(message["id"], len(text))
+    if not text or text_tokens(text) <= text_tokens(placeholder):
+        return None
+    # Images stay for rung 2; the text parts collapse into one placeholder.
+    inner: list[Part] = [{"type": "text", "text": placeholder}]
+    inner += [p for p in part.get("parts") or () if p.get("type") != "text"]
+    parts = list(message["parts"])
+    parts[index] = {**part, "parts": inner}
+    return {**message, "parts": parts}, placeholder
 
 
 def elide(
@@ -512,83 +638,20 @@ def elide(
     not asked for by its own call) or a number it holds, quoted in a later message's
     narration or in a later tool call's arguments (a path listed by ``ls`` and then
     read, a line number the model then cites)."""
-    recent = view.recent_start(k_turns)
-    messages = view.messages
-    seen: set[str] = set()
-    seen_plain: set[str] = set()
-    call_words: dict[str, set[str]] = {}
-    candidates: list[_Candidate] = []
-    for i, message in enumerate(messages):
-        if head_end <= i < recent and message["role"] == "tool":
-            for j, part in enumerate(message["parts"]):
-                if part.get("type") != "tool_result" or part.get("is_error"):
-                    continue
-                text = _result_text(part)
-                call_id = str(part.get("call_id"))
-                asked = call_words.get(call_id, set())
-                candidates.append(
-                    _Candidate(
-                        i,
-                        j,
-                        call_id,
-                        frozenset(distinctive_tokens(text) - seen - asked),
-                        frozenset(quoted_numbers(text) - asked),
-                        frozenset(plain_words(text) - seen_plain - asked),
-                    )
-                )
-        everything = _all_text(message)
-        seen |= distinctive_tokens(everything)
-        seen_plain |= plain_words(everything)
-        if i < recent:
-            for part in message["parts"]:
-                if part.get("type") == "tool_call":
-                    args = compact_json(part.get("arguments"))
-                    call_words[str(part["id"])] = _words(args) | spoken_numbers(args)
-    # Walk backwards so ``later`` holds what every message after ``i`` says.
-    later: set[str] = set()  # words of later narration and tool arguments
-    later_numbers: set[str] = set()
-    later_ids: set[str] = set()  # every word anywhere later, tool results included
-    later_args: set[str] = set()  # plain words of later tool calls' arguments
-    keep: set[tuple[int, int]] = set()
-    pending = sorted(candidates, key=lambda c: c.index, reverse=True)
-    position = 0
-    for i in range(len(messages) - 1, -1, -1):
-        while position < len(pending) and pending[position].index == i:
-            c = pending[position]
-            position += 1
-            if (
-                messages[i]["id"] in later_ids
-                or c.call_id in later_ids
-                or c.revealed & later
-                or c.numbers & later_numbers
-                or c.plain & later_args
-            ):
-                keep.add((c.index, c.part))
-        spoken = _narration(messages[i]) + "\n" + _call_arguments(messages[i])
-        later |= _words(spoken) | distinctive_tokens(spoken)
-        later_numbers |= spoken_numbers(spoken)
-        later_args |= plain_words(_call_arguments(messages[i]))
-        # Ids count wherever they are quoted, results included (a recall of this id).
-        later_ids |= _words(_all_text(messages[i]))
-
-    new_messages = list(messages)
+    candidates = _elision_candidates(
+        view.messages, head_end=head_end, recent=view.recent_start(k_turns)
+    )
+    keep = _eventful(view.messages, candidates)
+    new_messages = list(view.messages)
     replaced: list[Replacement] = []
     for c in sorted(candidates, key=lambda c: (c.index, c.part)):
         if (c.index, c.part) in keep:
             continue
-        message = new_messages[c.index]
-        part = message["parts"][c.part]
-        text = _result_text(part)
-        placeholder = elision_placeholder(message["id"], len(text))
-        if not text or text_tokens(text) <= text_tokens(placeholder):
+        elided = _elide_result(new_messages[c.index], c.part)
+        if elided is None:
             continue
-        # Images stay for rung 2; the text parts collapse into one placeholder.
-        inner: list[Part] = [{"type": "text", "text": placeholder}]
-        inner += [p for p in part.get("parts") or () if p.get("type") != "text"]
-        parts = list(message["parts"])
-        parts[c.part] = {**part, "parts": inner}
-        new_messages[c.index] = {**message, "parts": parts}
-        replaced.append(Replacement(message["id"], "tool_result", placeholder))
+        new_messages[c.index], placeholder = elided
+        replaced.append(Replacement(new_messages[c.index]["id"], "tool_result", placeholder))
     after = view.with_messages(new_messages)
     return after, _report("elision", view, after, replaced, k_turns=k_turns)
 
@@ -628,6 +691,13 @@ def _map_images(
     return out, changed
 
 
+def _image_replaced(part: Part, mid: str, why: str, replaced: list[Replacement]) -> Part:
+    """The text part an image becomes (the placeholder says ``why``), noted in ``replaced``."""
+    text = image_placeholder(part, mid, why)
+    replaced.append(Replacement(mid, "image", text))
+    return {"type": "text", "text": text}
+
+
 def _has_image(parts: Sequence[Part]) -> bool:
     """Whether ``parts`` hold an ordinary image (also inside a tool result)."""
     return any(not is_page(p) for p in iter_images(parts))
@@ -644,11 +714,7 @@ def strip_images(
     for i in range(head_end, recent):
         message = view.messages[i]
 
-        def strip(part: Part, mid: str = message["id"]) -> Part:
-            text = image_placeholder(part, mid)
-            replaced.append(Replacement(mid, "image", text))
-            return {"type": "text", "text": text}
-
+        strip = partial(_image_replaced, mid=message["id"], why="removed", replaced=replaced)
         parts, changed = _map_images(message["parts"], strip)
         if changed:
             new_messages[i] = {**message, "parts": parts}
@@ -663,6 +729,66 @@ def strip_images(
 ShrinkFn = Callable[[Part, int], Part | None]
 
 
+@dataclass
+class _ImageFitter:
+    """Rung 0's decisions, image by image, over ``view``; ``replaced`` lists every
+    image changed, in the order it was changed."""
+
+    view: ContextView
+    shrink: ShrinkFn | None
+    replaced: list[Replacement] = field(default_factory=list)
+
+    def unreadable(self, mid: str, part: Part) -> Part:
+        return _image_replaced(part, mid, "not sent: the model cannot read images", self.replaced)
+
+    def oversized(self, cap: int, mid: str, part: Part) -> Part | None:
+        """An image over ``cap`` bytes, recompressed when ``shrink`` can (else replaced
+        by a placeholder); None keeps an image within the limit (or of unknown size)."""
+        size = image_bytes(part, self.view.blob_sizes)
+        if size is None or size <= cap:
+            return None
+        smaller = self.shrink(part, cap) if self.shrink is not None else None
+        if smaller is not None:
+            self.replaced.append(Replacement(mid, "image", f"recompressed {smaller['blob']}"))
+            return smaller
+        return _image_replaced(part, mid, f"not sent: {size} bytes, over {cap}", self.replaced)
+
+    def too_many(self, mid: str, part: Part) -> Part:
+        return _image_replaced(part, mid, "removed: the request had too many images", self.replaced)
+
+    def per_image(self) -> Callable[[str, Part], Part | None] | None:
+        """What each image goes through on its own, before they are counted: none is
+        sent to a model without vision; else each must be under the bytes-per-image
+        limit, when there is one."""
+        if not self.view.model.vision:
+            return self.unreadable
+        cap = self.view.limits.max_image_bytes
+        return None if cap is None else partial(self.oversized, cap)
+
+    def fit(self) -> ContextView:
+        messages = list(self.view.messages)
+        change = self.per_image()
+        if change is not None:
+            for i, message in enumerate(messages):
+                parts, changed = _map_images(message["parts"], partial(change, message["id"]))
+                if changed:
+                    messages[i] = {**message, "parts": parts}
+        return self.drop_oldest(messages)
+
+    def drop_oldest(self, messages: list[Message]) -> ContextView:
+        """Too many images, or too many bytes: the oldest ordinary images go first."""
+        current = self.view.with_messages(messages)
+        while any(v.limit in ("images", "request_bytes") for v in current.violations):
+            index = next((i for i, m in enumerate(messages) if _has_image(m["parts"])), None)
+            if index is None:
+                break
+            drop = partial(self.too_many, messages[index]["id"])
+            parts, _ = _map_images(messages[index]["parts"], drop)
+            messages[index] = {**messages[index], "parts": parts}
+            current = self.view.with_messages(messages)
+        return current
+
+
 def fit_images(
     view: ContextView, *, shrink: ShrinkFn | None = None
 ) -> tuple[ContextView, RungReport]:
@@ -671,68 +797,14 @@ def fit_images(
     the provider's bytes-per-image limit is recompressed (or replaced when it cannot be),
     and the oldest images go when the request has too many or is too many bytes. This
     is not compaction; it is what makes the request one the provider accepts."""
-    limits = view.limits
-    replaced: list[Replacement] = []
-    messages = list(view.messages)
-
-    def apply(change_for: Callable[[str], Callable[[Part], Part | None]]) -> None:
-        for i, message in enumerate(messages):
-            parts, changed = _map_images(message["parts"], change_for(message["id"]))
-            if changed:
-                messages[i] = {**message, "parts": parts}
-
-    if not view.model.vision:
-
-        def blind(mid: str) -> Callable[[Part], Part]:
-            def change(part: Part) -> Part:
-                text = image_placeholder(part, mid, "not sent: the model cannot read images")
-                replaced.append(Replacement(mid, "image", text))
-                return {"type": "text", "text": text}
-
-            return change
-
-        apply(blind)
-    elif limits.max_image_bytes is not None:
-        cap = limits.max_image_bytes
-
-        def fit(mid: str) -> Callable[[Part], Part | None]:
-            def change(part: Part) -> Part | None:
-                size = image_bytes(part, view.blob_sizes)
-                if size is None or size <= cap:
-                    return None
-                smaller = shrink(part, cap) if shrink is not None else None
-                if smaller is not None:
-                    replaced.append(Replacement(mid, "image", f"recompressed {smaller['blob']}"))
-                    return smaller
-                text = image_placeholder(part, mid, f"not sent: {size} bytes, over {cap}")
-                replaced.append(Replacement(mid, "image", text))
-                return {"type": "text", "text": text}
-
-            return change
-
-        apply(fit)
-    # Too many images, or too many bytes: drop the oldest ordinary images first.
-    current = view.with_messages(messages)
-    while any(v.limit in ("images", "request_bytes") for v in current.violations):
-        index = next((i for i, m in enumerate(messages) if _has_image(m["parts"])), None)
-        if index is None:
-            break
-        mid = messages[index]["id"]
-
-        def drop(part: Part, mid: str = mid) -> Part:
-            text = image_placeholder(part, mid, "removed: the request had too many images")
-            replaced.append(Replacement(mid, "image", text))
-            return {"type": "text", "text": text}
-
-        parts, _ = _map_images(messages[index]["parts"], drop)
-        messages[index] = {**messages[index], "parts": parts}
-        current = view.with_messages(messages)
-    if not replaced:
+    fitter = _ImageFitter(view, shrink)
+    current = fitter.fit()
+    if not fitter.replaced:
         return view, _report("image_limits", view, view)
     # The fitted messages are what every later rung starts from, and what head and tail
     # repeat verbatim.
     after = replace(current, source=current.messages)
-    return after, _report("image_limits", view, after, replaced)
+    return after, _report("image_limits", view, after, fitter.replaced)
 
 
 # --- head / middle / tail ----------------------------------------------------------------
@@ -1199,6 +1271,71 @@ def _head_last_id(view: ContextView, split: Split) -> str | None:
 # --- the driver -------------------------------------------------------------------------------
 
 
+def _free_rungs(
+    base: ContextView, reports: list[RungReport], *, k_turns: int, head_end: int
+) -> ContextView:
+    """Elision, then image stripping, on the middle; stops at the first view that fits.
+    The reports of the rungs that applied are added to ``reports``."""
+    current = base
+    for rung in (elide, strip_images):
+        current, report = rung(current, k_turns=k_turns, head_end=head_end)
+        if report.applied:
+            reports.append(report)
+        if current.fits():
+            break
+    return current
+
+
+def _snapshots(
+    base: ContextView,
+    free: ContextView,
+    *,
+    render: RenderFn | None,
+    head_budget: int | None,
+    tail_budget: int | None,
+) -> Iterator[tuple[ContextView, RungReport]]:
+    """Snapshots of ``free`` with smaller and smaller tails (pages are cheaper than
+    text), one per distinct tail; only those that applied. None without a renderer or
+    for a model that cannot read images. Lazy: the caller stops at the first that fits,
+    and no more pages are drawn."""
+    if render is None or not base.model.vision:
+        return
+    tail = int(base.budget_tokens * TAIL_SHARE) if tail_budget is None else tail_budget
+    seen: set[int] = set()
+    for attempt in (tail, tail // 2, tail // 4, 0):
+        split = split_view(base, head_budget=head_budget, tail_budget=attempt)
+        if split.tail_start in seen:
+            continue
+        seen.add(split.tail_start)
+        snap, report = snapshot(free, render=render, head_budget=head_budget, tail_budget=attempt)
+        # Not applied: e.g. pages dearer than a small middle; a smaller tail may pay.
+        if report.applied:
+            yield snap, report
+
+
+def _last_resort(
+    free: ContextView,
+    best: tuple[ContextView, RungReport] | None,
+    reports: list[RungReport],
+    *,
+    summarize: SummarizeFn | None,
+    head_budget: int | None,
+    tail_budget: int | None,
+) -> LadderResult:
+    """No rung so far fits: the summary when it applies (or when no snapshot did), else
+    the smallest snapshot, else the free rungs' view; none of them may fit."""
+    if summarize is not None:
+        summary, report = summarize_middle(
+            free, summarize=summarize, head_budget=head_budget, tail_budget=tail_budget
+        )
+        if report.applied or best is None:
+            out = (*reports, report) if report.applied else tuple(reports)
+            return LadderResult(summary, out, summary.fits())
+    if best is not None:
+        return LadderResult(best[0], (*reports, best[1]), False)
+    return LadderResult(free, tuple(reports), False)
+
+
 def run_ladder(
     view: ContextView,
     *,
@@ -1224,44 +1361,21 @@ def run_ladder(
     if base.fits():
         return LadderResult(base, tuple(reports), True)
     head_end = split_view(base, head_budget=head_budget, tail_budget=0).head_end
-    current = base
-    for rung in (elide, strip_images):
-        current, report = rung(current, k_turns=k_turns, head_end=head_end)
-        if report.applied:
-            reports.append(report)
-        if current.fits():
-            return LadderResult(current, tuple(reports), True)
-    free = current
-
+    free = _free_rungs(base, reports, k_turns=k_turns, head_end=head_end)
+    if free.fits():
+        return LadderResult(free, tuple(reports), True)
     best: tuple[ContextView, RungReport] | None = None
-    if render is not None and view.model.vision:
-        tail = int(view.budget_tokens * TAIL_SHARE) if tail_budget is None else tail_budget
-        seen: set[int] = set()
-        for attempt in (tail, tail // 2, tail // 4, 0):
-            split = split_view(base, head_budget=head_budget, tail_budget=attempt)
-            if split.tail_start in seen:
-                continue
-            seen.add(split.tail_start)
-            snap, report = snapshot(
-                free, render=render, head_budget=head_budget, tail_budget=attempt
-            )
-            if not report.applied:
-                continue  # e.g. pages dearer than a small middle: a smaller tail may pay
-            if snap.fits():
-                return LadderResult(snap, (*reports, report), True)
-            if best is None or snap.estimate() < best[0].estimate():
-                best = (snap, report)
-
-    if summarize is not None:
-        summary, report = summarize_middle(
-            free, summarize=summarize, head_budget=head_budget, tail_budget=tail_budget
-        )
-        if report.applied or best is None:
-            out = (*reports, report) if report.applied else tuple(reports)
-            return LadderResult(summary, out, summary.fits())
-    if best is not None:
-        return LadderResult(best[0], (*reports, best[1]), False)
-    return LadderResult(free, tuple(reports), False)
+    snapshots = _snapshots(
+        base, free, render=render, head_budget=head_budget, tail_budget=tail_budget
+    )
+    for snap, report in snapshots:
+        if snap.fits():
+            return LadderResult(snap, (*reports, report), True)
+        if best is None or snap.estimate() < best[0].estimate():
+            best = (snap, report)
+    return _last_resort(
+        free, best, reports, summarize=summarize, head_budget=head_budget, tail_budget=tail_budget
+    )
 
 
 def reactive(

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 from django.conf import settings
@@ -380,6 +380,84 @@ def _originals(
     return messages, resume
 
 
+def _context_view(
+    conversation: Conversation,
+    spec: ModelSpec,
+    originals: list[dict[str, Any]],
+    *,
+    budget: int | None,
+    system: str | None,
+    tools: Sequence[Any],
+) -> ContextView:
+    """The view of the originals the ladder starts from: the model as the provider
+    enforces it, the learned calibration, and everything else the request carries."""
+    calibration, reported = calibration_get(spec.calibration_key)
+    return ContextView.build(
+        originals,
+        budget_tokens=budget or model_budget(spec, reported),
+        model=model_info(spec, reported),
+        calibration=calibration,
+        system=conversation.system_prompt if system is None else system,
+        tools=tool_dicts(tools),
+        limits=_limits(spec),
+        blob_sizes=_blob_sizes(originals),
+    )
+
+
+@dataclass
+class _ContextBuild:
+    """One ``context_build``: its view of the originals and the ways it can answer."""
+
+    conversation: Conversation
+    spec: ModelSpec
+    view: ContextView
+    originals: list[dict[str, Any]]
+    resume: ResumeReport
+    compact: bool
+    shrink: ImageShrinker
+
+    @cached_property
+    def ids(self) -> list[str]:
+        return [m["id"] for m in self.originals]
+
+    def answer(self, result: LadderResult, **extra: Any) -> ContextResult:
+        """The result as a provider-ready request. A compacting build stores its new
+        images (pages, recompressed images) as blobs; a read-only one serves them inline."""
+        fitted, inline = detach_pages(result.view)
+        if self.compact and inline:
+            _store_images(self.conversation, inline)
+            inline = {}
+        return ContextResult(
+            list(fitted.messages), self.view.budget_tokens, result.view.estimate(), result.fits,
+            reports=[report_dict(r) for r in result.reports], resume=self.resume,
+            view=result.view, inline=inline, **extra,
+        )  # fmt: skip
+
+    def reuse(self, free: LadderResult | None = None) -> ContextResult | None:
+        """The reusable record's view plus what follows its anchor, when there is a record
+        and that still fits; None otherwise. A summary record never displaces free rungs
+        that fit (``free``): a summary is the last rung."""
+        record = _reusable_record(self.conversation, self.spec, self.ids, self.view.budget_tokens)
+        if record is None or (free is not None and free.fits and "summary" in record.rung_names):
+            return None
+        after = self.originals[self.ids.index(str(record.anchor_id)) + 1 :]
+        reused = replace(self.view, messages=(*(as_message(m) for m in record.view), *after))
+        reused, _ = fit_images(reused, shrink=self.shrink)
+        if not reused.fits():
+            return None
+        result = LadderResult(replace(reused, source=self.view.source), (), True)
+        return self.answer(result, record=record, reused=True)
+
+    def preview(self, free: LadderResult, *, pages: bool) -> ContextResult:
+        """A read-only build: the free rungs when they fit, else (with ``pages``) the
+        snapshot drawn in memory, saying when only a summary would fit. Without pages,
+        whether they would do is unknown."""
+        if free.fits or not pages:
+            return self.answer(free)
+        preview = run_ladder(self.view, render=renderer_for(self.spec), shrink=self.shrink)
+        return self.answer(preview, needs_summary=not preview.fits)
+
+
 def context_build(
     *,
     conversation: Conversation,
@@ -422,70 +500,29 @@ def context_build(
     originals, resume = _originals(
         conversation, tip_id, pending, drop_checkpoints=compact, archived=archived
     )
-    calibration, reported = calibration_get(spec.calibration_key)
-    budget = budget or model_budget(spec, reported)
-    view = ContextView.build(
-        originals,
-        budget_tokens=budget,
-        model=model_info(spec, reported),
-        calibration=calibration,
-        system=conversation.system_prompt if system is None else system,
-        tools=tool_dicts(tools),
-        limits=_limits(spec),
-        blob_sizes=_blob_sizes(originals),
-    )
+    view = _context_view(conversation, spec, originals, budget=budget, system=system, tools=tools)
     if pending and pending[0]["role"] == "user":
         _refuse_oversized_input(view, len(originals) - len(pending))
-
-    def answer(result: LadderResult, **extra: Any) -> ContextResult:
-        fitted, inline = detach_pages(result.view)
-        if compact and inline:
-            _store_images(conversation, inline)
-            inline = {}
-        return ContextResult(
-            list(fitted.messages), budget, result.view.estimate(), result.fits,
-            reports=[report_dict(r) for r in result.reports], resume=resume,
-            view=result.view, inline=inline, **extra,
-        )  # fmt: skip
-
-    shrink = ImageShrinker()
-    ids = [m["id"] for m in originals]
-    stepped = target is not None and target < budget
-
-    def reuse(record: CompactionRecord) -> ContextResult | None:
-        after = originals[ids.index(str(record.anchor_id)) + 1 :]
-        reused = replace(view, messages=(*(as_message(m) for m in record.view), *after))
-        reused, _ = fit_images(reused, shrink=shrink)
-        if not reused.fits():
-            return None
-        result = LadderResult(replace(reused, source=view.source), (), True)
-        return answer(result, record=record, reused=True)
-
+    build = _ContextBuild(conversation, spec, view, originals, resume, compact, ImageShrinker())
+    stepped = target is not None and target < view.budget_tokens
     if stepped:
         # Between the steps of a stepped compaction the step's record is what keeps the
         # prefix stable, summary or not: it is looked for before the free rungs run over
         # the whole path (each request of a long session would pay for them).
-        record = _reusable_record(conversation, spec, ids, budget)
-        hit = reuse(record) if record is not None else None
+        hit = build.reuse()
         if hit is not None:
             return hit
-    free = run_ladder(view, shrink=shrink)
+    free = run_ladder(view, shrink=build.shrink)
     if free.fits and not compacts(free.rungs):
-        return answer(free)  # the originals fit (their images fitted to the provider)
+        return build.answer(free)  # the originals fit (their images fitted to the provider)
     if not stepped:
-        record = _reusable_record(conversation, spec, ids, budget)
-        # A summary record never displaces free rungs that fit (a summary is the last rung).
-        if record is not None and not (free.fits and "summary" in record.rung_names):
-            hit = reuse(record)
-            if hit is not None:
-                return hit
+        hit = build.reuse(free)
+        if hit is not None:
+            return hit
     if not compact:
-        if free.fits or not preview_pages:
-            return answer(free)  # (without a preview, whether pages would do is unknown)
-        preview = run_ladder(view, render=renderer_for(spec), shrink=shrink)
-        return answer(preview, needs_summary=not preview.fits)
+        return build.preview(free, pages=preview_pages)
     if tip_id is None:
-        return answer(free)  # nothing archived yet to anchor a record on
+        return build.answer(free)  # nothing archived yet to anchor a record on
     record, compacted = compaction_run(
         conversation=conversation,
         spec=spec,
@@ -495,7 +532,7 @@ def context_build(
         summarize=Summarizer(spec) if allow_summary else None,
         measure_ocr=measure_ocr,
         progress=progress,
-        record_budget=budget,
+        record_budget=view.budget_tokens,
     )
     return _from_record(record, compacted, resume)
 

@@ -36,17 +36,18 @@ ENG_CHARSET = frozenset(
     "!\"#$%&'()*+,-./0123456789:;<=>?@ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]_abcdefghijklmnopqrstuvwxyz"
     "{|}~£¥§©«®°»é€™¢"
 )
+# Typographic quotes and dashes fold to ASCII (escaped: they look like the ASCII ones).
 _FOLD = str.maketrans(
     {
-        "“": '"',
-        "”": '"',
-        "„": '"',
-        "‘": "'",
-        "’": "'",
-        "‚": "'",
-        "—": "-",
-        "–": "-",
-        "…": "...",
+        "\u201c": '"',  # left double quotation mark
+        "\u201d": '"',  # right double quotation mark
+        "\u201e": '"',  # double low-9 quotation mark
+        "\u2018": "'",  # left single quotation mark
+        "\u2019": "'",  # right single quotation mark
+        "\u201a": "'",  # single low-9 quotation mark
+        "\u2014": "-",  # em dash
+        "\u2013": "-",  # en dash
+        "\u2026": "...",  # horizontal ellipsis
     }
 )
 # Tesseract reads a long run of one character (a "=====" rule, a "-----" table border)
