@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from django.http import HttpRequest
@@ -11,8 +10,7 @@ from ninja import Field, Query, Router, Schema
 from compaction import services
 from compaction.models import RecordStatus
 from conversations import selectors
-from conversations.errors import ArborError, InvalidInput, NotFound
-from conversations.models import Message
+from conversations.errors import ArborError, InvalidInput
 from conversations.providers import Request, request_body, resolve_model
 from conversations.tools import tools_for
 
@@ -64,12 +62,7 @@ def _context(request: HttpRequest, cid: str, query: ContextQuery, *, compact: bo
         raise InvalidInput(str(exc), code="bad_model") from None
     tip_id = conversation.tip_id
     if query.tip is not None:
-        try:
-            tip_id = uuid.UUID(query.tip)
-        except ValueError:
-            raise NotFound(f"no such message: {query.tip!r}") from None
-        if not Message.objects.filter(pk=tip_id, conversation=conversation).exists():
-            raise NotFound(f"no such message in this conversation: {tip_id}")
+        tip_id = selectors.conversation_message(conversation=conversation, message_id=query.tip).pk
     tools = tools_for(conversation)
     context = services.context_build(
         conversation=conversation,

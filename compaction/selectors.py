@@ -13,7 +13,14 @@ from django.db.models import QuerySet
 
 from compaction import services
 from compaction.ladder import SECTIONS, breakdown
-from compaction.models import CompactionJob, CompactionRecord, JobState, SnapshotPage
+from compaction.models import (
+    CalibrationEvent,
+    CompactionJob,
+    CompactionRecord,
+    JobState,
+    ModelCalibration,
+    SnapshotPage,
+)
 from conversations import selectors as tree_selectors
 from conversations.errors import NotFound
 from conversations.models import Blob, Conversation, Message
@@ -147,6 +154,40 @@ def job_get(*, conversation: Conversation, job_id: str | uuid.UUID) -> Compactio
         return CompactionJob.objects.select_related("record").get(pk=jid, conversation=conversation)
     except (ValueError, CompactionJob.DoesNotExist):
         raise NotFound(f"no such job: {job_id!r}") from None
+
+
+def job_latest(*, conversation: Conversation, anchor_id: uuid.UUID, model_id: str) -> CompactionJob:
+    """The newest job for this anchor and model: the one just queued, or the one already
+    open for them (``services.job_enqueue`` queues at most one)."""
+    return (
+        CompactionJob.objects.filter(conversation=conversation, anchor_id=anchor_id, model=model_id)
+        .select_related("record")
+        .latest("created_at")
+    )
+
+
+# --- calibration ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CalibrationHistory:
+    row: ModelCalibration
+    events: list[CalibrationEvent]  # the newest first
+
+
+def calibration_list(
+    *, events_per_model: int = 8, events_read: int = 500
+) -> list[CalibrationHistory]:
+    """How far each model's provider counts from Arbor's estimate, and the newest events
+    that taught it (at most ``events_per_model`` each, from the newest ``events_read``:
+    two queries, however many events were recorded)."""
+    rows = list(ModelCalibration.objects.order_by("model"))
+    events: dict[str, list[CalibrationEvent]] = {r.model: [] for r in rows}
+    recent = CalibrationEvent.objects.filter(model__in=list(events)).order_by("-created_at", "-pk")
+    for event in recent[:events_read]:
+        if len(events[event.model]) < events_per_model:
+            events[event.model].append(event)
+    return [CalibrationHistory(row=r, events=events[r.model]) for r in rows]
 
 
 # The gauge is drawn in an SVG this many units wide.

@@ -1,8 +1,8 @@
 """The compaction screens (DESIGN.md §5, §7): the staff audit of every record, and each
 owner's "what the model saw" panel with its records and compaction jobs.
 
-The same conventions as conversations/views.py, through the helpers both share
-(conversations/web.py): a fragment for an HTMX request and the whole page otherwise
+The same conventions as the conversation screens, through the helpers both share
+(conversations/views/common.py): a fragment for an HTMX request and the whole page otherwise
 (history restores included), ``Vary: HX-Request``, lookups through owner-scoped selectors
 (another user's object is a 404 like a missing one), and the audit for staff only (403
 for everyone else).
@@ -29,7 +29,8 @@ from compaction.models import CompactionJob, CompactionRecord, JobState, Trigger
 from conversations import selectors as tree_selectors
 from conversations.errors import NotFound, TooManyRequests
 from conversations.models import Blob, Conversation
-from conversations.web import (
+from conversations.views.common import (
+    HtmxHttpRequest,
     blob_response,
     conversation_or_404,
     is_fragment,
@@ -90,7 +91,7 @@ def _record_page(request: HttpRequest, record: CompactionRecord, scope: str) -> 
 
 @login_required
 @require_GET
-def audit_list(request: HttpRequest) -> HttpResponse:
+def audit_list(request: HtmxHttpRequest) -> HttpResponse:
     """Records across users. Bad filter values answer 400 with the form's errors and no
     records, as the other forms do."""
     _require_staff(request)
@@ -109,13 +110,13 @@ def audit_list(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
-def audit_detail(request: HttpRequest, rid: str) -> HttpResponse:
+def audit_detail(request: HtmxHttpRequest, rid: str) -> HttpResponse:
     return _record_page(request, _audit_record(request, rid), "audit")
 
 
 @login_required
 @require_GET
-def audit_blob(request: HttpRequest, rid: str, sha256: str) -> FileResponse:
+def audit_blob(request: HtmxHttpRequest, rid: str, sha256: str) -> FileResponse:
     """A page image (or another image the record shows), for staff: the blob API only
     serves a blob to the users who uploaded it."""
     record = _audit_record(request, rid)
@@ -127,7 +128,7 @@ def audit_blob(request: HttpRequest, rid: str, sha256: str) -> FileResponse:
 
 @login_required
 @require_GET
-def context_panel(request: HttpRequest, cid: str) -> HttpResponse:
+def context_panel(request: HtmxHttpRequest, cid: str) -> HttpResponse:
     """What the next request would contain, with a token budget gauge, the records on
     the path and the conversation's open compaction jobs. A GET never compacts."""
     conversation = conversation_or_404(request, cid)
@@ -147,7 +148,7 @@ def context_panel(request: HttpRequest, cid: str) -> HttpResponse:
 
 @login_required
 @require_POST
-def compact(request: HttpRequest, cid: str) -> HttpResponseBase:
+def compact(request: HtmxHttpRequest, cid: str) -> HttpResponseBase:
     """Compact now: queue a job for the current tip and answer at once (a worker, or
     without a broker a worker thread, runs it). HTMX gets the job's fragment, which
     polls until the job is done."""
@@ -163,28 +164,30 @@ def compact(request: HttpRequest, cid: str) -> HttpResponseBase:
             trigger=Trigger.MANUAL,
         )
     except TooManyRequests as exc:
-        if not is_fragment(request):
-            flash.error(request, exc.detail)
-            return redirect("compaction:context", cid=conversation.pk)
-        return HttpResponse(
-            format_html('<p class="error" role="alert">{}</p>', exc.detail), status=429
-        )
+        return _too_many_jobs(request, conversation, exc)
     # The job just queued, or the one already open for this tip and model.
-    job = (
-        CompactionJob.objects.filter(
-            conversation=conversation, anchor_id=conversation.tip_id, model=model_id
-        )
-        .select_related("record")
-        .latest("created_at")
+    job = selectors.job_latest(
+        conversation=conversation, anchor_id=conversation.tip_id, model_id=model_id
     )
     if not is_fragment(request):
         return redirect("compaction:context", cid=conversation.pk)
     return _job_fragment(request, conversation, job)
 
 
+def _too_many_jobs(
+    request: HtmxHttpRequest, conversation: Conversation, exc: TooManyRequests
+) -> HttpResponseBase:
+    """The user has as many jobs open as allowed: say so on the panel (a 429 alert for
+    HTMX, a flash message on the page otherwise)."""
+    if not is_fragment(request):
+        flash.error(request, exc.detail)
+        return redirect("compaction:context", cid=conversation.pk)
+    return HttpResponse(format_html('<p class="error" role="alert">{}</p>', exc.detail), status=429)
+
+
 @login_required
 @require_GET
-def job_progress(request: HttpRequest, cid: str, job_id: str) -> HttpResponse:
+def job_progress(request: HtmxHttpRequest, cid: str, job_id: str) -> HttpResponse:
     conversation, job = _job_or_404(request, cid, job_id)
     return _job_fragment(request, conversation, job)
 
@@ -199,7 +202,7 @@ def _job_or_404(request: HttpRequest, cid: str, job_id: str) -> tuple[Conversati
 
 @login_required
 @require_POST
-def job_run_now(request: HttpRequest, cid: str, job_id: str) -> HttpResponseBase:
+def job_run_now(request: HtmxHttpRequest, cid: str, job_id: str) -> HttpResponseBase:
     """Run a job no worker has taken, inside this request."""
     conversation, job = _job_or_404(request, cid, job_id)
     if services.job_stranded(job):
@@ -213,7 +216,7 @@ def job_run_now(request: HttpRequest, cid: str, job_id: str) -> HttpResponseBase
 
 
 def _job_fragment(
-    request: HttpRequest, conversation: Conversation, job: CompactionJob
+    request: HtmxHttpRequest, conversation: Conversation, job: CompactionJob
 ) -> HttpResponse:
     context: dict[str, Any] = {
         "conversation": conversation,
@@ -231,13 +234,13 @@ def _job_fragment(
 
 @login_required
 @require_GET
-def record_detail(request: HttpRequest, cid: str, rid: str) -> HttpResponse:
+def record_detail(request: HtmxHttpRequest, cid: str, rid: str) -> HttpResponse:
     return _record_page(request, _own_record(request, cid, rid), "owner")
 
 
 @login_required
 @require_GET
-def record_blob(request: HttpRequest, cid: str, rid: str, sha256: str) -> FileResponse:
+def record_blob(request: HtmxHttpRequest, cid: str, rid: str, sha256: str) -> FileResponse:
     """A page image of the owner's own record (the same named-blob check as the audit)."""
     record = _own_record(request, cid, rid)
     return _blob_response(selectors.record_blob(record=record, sha256=sha256))

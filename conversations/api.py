@@ -13,7 +13,7 @@ from ninja import File, Query, Router, Schema, Status, UploadedFile
 
 from conversations import selectors, services, turns
 from conversations.errors import InvalidInput, NotFound
-from conversations.models import Blob, Checkpoint, Conversation, Message
+from conversations.models import Checkpoint, Conversation, Message
 from conversations.schemas import (
     BlobOut,
     ChatIn,
@@ -37,8 +37,8 @@ from conversations.schemas import (
     TurnIn,
     TurnOut,
 )
-from conversations.streaming import event_stream
-from conversations.web import blob_response
+from conversations.streaming import event_stream_primed
+from conversations.views.common import blob_response
 
 router = Router(tags=["tree"])
 
@@ -278,17 +278,6 @@ def fork_message(request: HttpRequest, mid: str, payload: ForkIn) -> Status[Any]
 # --- chat with a model ----------------------------------------------------------------
 
 
-def _first_event(events: Any) -> Any:
-    """Start the engine so bad input raises now (a 4xx), before a stream begins."""
-    first = next(events)
-
-    def produce() -> Any:
-        yield first
-        yield from events
-
-    return produce
-
-
 # With ``stream`` the answer is a 200 event stream, not the 201 JSON of ``response=``:
 # the schema says so too, for clients generated from it.
 STREAMED = {
@@ -327,7 +316,7 @@ def chat(request: HttpRequest, cid: str, payload: ChatIn) -> Any:
     if "parent" in fields:
         kwargs["parent_id"] = payload.parent
     if payload.stream:
-        return event_stream(request, _first_event(turns.turn_events(**kwargs)))
+        return event_stream_primed(request, turns.turn_events(**kwargs))
     return Status(201, _chat_out(turns.turn_run(**kwargs)))
 
 
@@ -349,7 +338,7 @@ def retry(request: HttpRequest, cid: str, stream: bool = False) -> Any:
     turn completed."""
     events = turns.retry_events(user=_user(request), conversation_id=cid)
     if stream:
-        return event_stream(request, _first_event(events))
+        return event_stream_primed(request, events)
     return Status(201, _chat_out(turns.turn_drain(events)))
 
 
@@ -411,7 +400,4 @@ def upload_blob(request: HttpRequest, file: File[UploadedFile]) -> Status[Any]:
 
 @router.get("/blobs/{sha256}", tags=["blobs"])
 def get_blob(request: HttpRequest, sha256: str) -> FileResponse:
-    blob = Blob.objects.filter(sha256=sha256, owners__id=_user(request).pk).first()
-    if blob is None:
-        raise NotFound(f"no such blob: {sha256}")
-    return blob_response(blob)
+    return blob_response(selectors.blob_get(user=_user(request), sha256=sha256))

@@ -15,8 +15,17 @@ from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery, TextFiel
 from django.db.models.functions import Coalesce, Greatest, StrIndex, Substr, Upper
 
 from conversations.errors import InvalidInput, NotFound
-from conversations.models import Checkpoint, Conversation, Message
+from conversations.models import (
+    ApiToken,
+    Blob,
+    Checkpoint,
+    Conversation,
+    ImportJob,
+    Message,
+    TurnAttempt,
+)
 from conversations.parts import readable_text
+from conversations.treemap import SkeletonNode
 
 User = AbstractBaseUser | AnonymousUser
 
@@ -54,6 +63,16 @@ def message_get(*, user: User, message_id: str | uuid.UUID) -> Message:
         )
     except Message.DoesNotExist:
         raise NotFound(f"no such message: {mid}") from None
+
+
+def conversation_message(*, conversation: Conversation, message_id: str | uuid.UUID) -> Message:
+    """A message of ``conversation`` (already owner-checked), or NotFound for a malformed
+    id or one of another conversation. Its search text stays deferred."""
+    mid = _parse_uuid(message_id, "message")
+    try:
+        return Message.objects.defer("search_text").get(pk=mid, conversation=conversation)
+    except Message.DoesNotExist:
+        raise NotFound(f"no such message in this conversation: {mid}") from None
 
 
 _PATH_SQL = """
@@ -376,8 +395,15 @@ def message_count(*, conversation: Conversation) -> int:
     return Message.objects.filter(conversation=conversation).count()
 
 
-def checkpoint_list(*, conversation: Conversation) -> QuerySet[Checkpoint]:
-    return Checkpoint.objects.filter(conversation=conversation).order_by("created_at", "id")
+def checkpoint_list(
+    *, conversation: Conversation, with_messages: bool = False
+) -> QuerySet[Checkpoint]:
+    """The conversation's checkpoints, oldest first; ``with_messages`` loads each one's
+    message in the same query."""
+    checkpoints = Checkpoint.objects.filter(conversation=conversation)
+    if with_messages:
+        checkpoints = checkpoints.select_related("message")
+    return checkpoints.order_by("created_at", "id")
 
 
 # --- browser UI reads ----------------------------------------------------------------
@@ -417,15 +443,6 @@ def message_branch_leaf(*, conversation: Conversation, message_id: uuid.UUID) ->
             return conversation.tip_id
     leaf = message_latest_leaf(conversation_id=conversation.pk, message_id=message_id)
     return leaf or message_id
-
-
-@dataclass(frozen=True)
-class SkeletonNode:
-    id: uuid.UUID
-    parent_id: uuid.UUID | None
-    role: str
-    origin: str
-    depth: int
 
 
 def tree_skeleton(*, conversation: Conversation) -> list[SkeletonNode]:
@@ -494,3 +511,39 @@ def rewind_digests(*, conversation: Conversation) -> dict[uuid.UUID, dict[str, A
             abandoned_id = None
         out[mid] = {"label": metadata.get("checkpoint", ""), "abandoned_tip": abandoned_id}
     return out
+
+
+# --- blobs, turn attempts, imports and tokens ------------------------------------------
+
+
+def blob_get(*, user: AbstractBaseUser, sha256: str) -> Blob:
+    """A blob the user uploaded (or imported), or NotFound: the store is shared between
+    users, so someone else's blob answers like a missing one."""
+    blob = Blob.objects.filter(sha256=sha256, owners__id=user.pk).first()
+    if blob is None:
+        raise NotFound(f"no such blob: {sha256}")
+    return blob
+
+
+def turn_attempt_last(*, conversation: Conversation) -> TurnAttempt | None:
+    """The conversation's newest turn attempt (what the chat offers to run again)."""
+    return TurnAttempt.objects.filter(conversation=conversation).order_by("-created_at").first()
+
+
+def import_job_list(*, owner: AbstractBaseUser, limit: int = 20) -> list[ImportJob]:
+    """The user's newest import jobs."""
+    return list(ImportJob.objects.filter(owner_id=owner.pk).order_by("-created_at")[:limit])
+
+
+def import_job_get(*, owner: AbstractBaseUser, job_id: str | uuid.UUID) -> ImportJob:
+    """The user's import job, or NotFound (another user's job answers like a missing one)."""
+    jid = _parse_uuid(job_id, "import")
+    try:
+        return ImportJob.objects.get(pk=jid, owner_id=owner.pk)
+    except ImportJob.DoesNotExist:
+        raise NotFound(f"no such import: {jid}") from None
+
+
+def api_token_list(*, user: AbstractBaseUser) -> QuerySet[ApiToken]:
+    """The user's API tokens, newest first."""
+    return ApiToken.objects.filter(user_id=user.pk).order_by("-created_at")

@@ -4,10 +4,15 @@ Under ASGI, Django drains a *synchronous* streaming iterator completely before s
 anything (it wraps it in ``sync_to_async(list)``), which would defeat streaming. So under
 ASGI the synchronous engine runs in its own thread and hands events over through a
 queue to an async iterator.
+
+A turn is *primed* before its response starts (``events_primed``): its first event is
+taken at once, so bad input raises there and becomes a 4xx, instead of an ``error`` event
+inside a 200 stream that has already begun. The HTML views and the JSON API share that.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import queue
 import threading
@@ -21,14 +26,16 @@ from django.http import HttpRequest, StreamingHttpResponse
 
 _END = object()
 
+TurnEvent = dict[str, Any]
 
-def sse(event: dict[str, Any]) -> bytes:
+
+def sse(event: TurnEvent) -> bytes:
     name = event.get("event", "message")
     data = json.dumps({k: v for k, v in event.items() if k != "event"}, ensure_ascii=False)
     return f"event: {name}\ndata: {data}\n\n".encode()
 
 
-def _threaded(produce: Callable[[], Iterator[dict[str, Any]]]) -> AsyncIterator[bytes]:
+def _threaded(produce: Callable[[], Iterator[TurnEvent]]) -> AsyncIterator[bytes]:
     handoff: queue.Queue[Any] = queue.Queue()
     # Set when the client goes away: the turn still runs to its end and is persisted (a
     # reload shows the answer), but its events are no longer queued.
@@ -61,13 +68,13 @@ def _threaded(produce: Callable[[], Iterator[dict[str, Any]]]) -> AsyncIterator[
     return iterate()
 
 
-def _sync(produce: Callable[[], Iterator[dict[str, Any]]]) -> Iterator[bytes]:
+def _sync(produce: Callable[[], Iterator[TurnEvent]]) -> Iterator[bytes]:
     for event in produce():
         yield sse(event)
 
 
 def event_stream(
-    request: HttpRequest, produce: Callable[[], Iterator[dict[str, Any]]]
+    request: HttpRequest, produce: Callable[[], Iterator[TurnEvent]]
 ) -> StreamingHttpResponse:
     """Stream a turn's events. ``produce`` starts the engine (input was already
     validated, so errors from here on arrive as ``error`` events)."""
@@ -76,3 +83,18 @@ def event_stream(
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # tell proxies not to buffer the stream
     return response
+
+
+def events_primed(events: Iterator[TurnEvent]) -> Iterator[TurnEvent]:
+    """Start a turn's engine now: its first event is taken here, so bad input (or a
+    retry with nothing to retry) raises before any response is under way. The events
+    come back whole, the first one included."""
+    first = next(events)
+    return itertools.chain((first,), events)
+
+
+def event_stream_primed(request: HttpRequest, events: Iterator[TurnEvent]) -> StreamingHttpResponse:
+    """``event_stream`` of a turn's events, primed first (see ``events_primed``): an
+    ArborError from bad input propagates to the caller instead of starting a 200."""
+    primed = events_primed(events)
+    return event_stream(request, lambda: primed)

@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import TypeVar
 
-from conversations.selectors import SkeletonNode
-
 RUN_MIN = 6  # a quiet stretch this long or longer is folded
 RUN_CHUNK = 500  # rows an expanded run shows at once
 OUTLINE_MAX = 300  # rows the outline shows of a branch (messages, branch stubs, folds)
@@ -35,6 +33,19 @@ ALTS_CHUNK = 100  # branches that row lists at once when opened
 
 T = TypeVar("T")
 G = TypeVar("G")
+
+
+@dataclass(frozen=True)
+class SkeletonNode:
+    """A message without its contents: all the map needs to lay a tree out. Defined here,
+    not beside the query that reads it (``selectors.tree_skeleton``), so this module
+    stays free of Django."""
+
+    id: uuid.UUID
+    parent_id: uuid.UUID | None
+    role: str
+    origin: str
+    depth: int
 
 
 @dataclass

@@ -1,0 +1,126 @@
+"""The chat screen's turns with the model: send a message, edit a prompt, regenerate an
+answer, run a failed turn again. Each answers with Server-Sent Events for
+static/arbor.js, or (without JavaScript) runs the turn to its end and shows the
+conversation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from django.contrib import messages as flash
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.shortcuts import redirect
+from django.views.decorators.http import require_POST
+
+from conversations import forms, turns
+from conversations.errors import ArborError
+from conversations.models import Conversation, Origin, Role
+from conversations.streaming import TurnEvent, event_stream, events_primed
+from conversations.views.common import (
+    HtmxHttpRequest,
+    conversation_or_404,
+    detail_url,
+    form_error,
+    message_or_404,
+    signed_in_user,
+)
+
+
+def _wants_stream(request: HttpRequest) -> bool:
+    return "text/event-stream" in request.headers.get("Accept", "")
+
+
+def _refused(exc: ArborError) -> HttpResponse:
+    """Bad input, said in plain text before any turn ran."""
+    return HttpResponse(exc.detail, status=exc.status, content_type="text/plain")
+
+
+def _run_turn(
+    request: HttpRequest, conv: Conversation, events: Iterator[TurnEvent]
+) -> HttpResponseBase:
+    """Stream a turn's events, or run it to its end and show the conversation (an
+    ``error`` event becomes a flash message)."""
+    try:
+        primed = events_primed(events)
+    except ArborError as exc:
+        return _refused(exc)
+    if _wants_stream(request):
+        return event_stream(request, lambda: primed)
+    for event in primed:
+        if event["event"] == "error":
+            flash.error(request, f"The model failed: {event.get('detail', event['error'])}")
+    return redirect(detail_url(conv))
+
+
+def _turn(
+    request: HttpRequest,
+    conv: Conversation,
+    *,
+    parts: Any,
+    parent_id: Any,
+    origin: str = Origin.TURN,
+) -> HttpResponseBase:
+    """Run a chat turn from ``parent_id`` with the user's ``parts`` (None: a new answer
+    without a new prompt)."""
+    events = turns.turn_events(conversation=conv, parts=parts, parent_id=parent_id, origin=origin)
+    return _run_turn(request, conv, events)
+
+
+@login_required
+@require_POST
+def message_send(request: HtmxHttpRequest, cid: str) -> HttpResponseBase:
+    conv = conversation_or_404(request, cid)
+    form = forms.MessageForm(request.POST)
+    if not form.is_valid():
+        return form_error(form)
+    parent = form.cleaned_data["parent"] or conv.tip_id
+    if parent is not None:
+        parent = message_or_404(conv, parent).pk
+    parts = [{"type": "text", "text": form.cleaned_data["text"]}]
+    return _turn(request, conv, parts=parts, parent_id=parent)
+
+
+@login_required
+@require_POST
+def message_edit(request: HtmxHttpRequest, cid: str, mid: str) -> HttpResponseBase:
+    """Edit a prompt: the new text becomes a sibling of the original, with a new answer."""
+    conv = conversation_or_404(request, cid)
+    original = message_or_404(conv, mid)
+    form = forms.EditForm(request.POST)
+    if not form.is_valid():
+        return form_error(form)
+    if original.role != Role.USER:
+        return HttpResponse("only your own messages can be edited", status=400)
+    parts = [{"type": "text", "text": form.cleaned_data["text"]}]
+    return _turn(request, conv, parts=parts, parent_id=original.parent_id, origin=Origin.EDIT)
+
+
+@login_required
+@require_POST
+def message_regenerate(request: HtmxHttpRequest, cid: str, mid: str) -> HttpResponseBase:
+    """A new answer from the same point: a sibling of the original answer."""
+    conv = conversation_or_404(request, cid)
+    original = message_or_404(conv, mid)
+    if original.role != Role.ASSISTANT or original.parent_id is None:
+        return HttpResponse("only answers can be regenerated", status=400)
+    return _turn(request, conv, parts=None, parent_id=original.parent_id, origin=Origin.REGENERATE)
+
+
+@login_required
+@require_POST
+def turn_retry(request: HtmxHttpRequest, cid: str) -> HttpResponseBase:
+    """Run the last failed turn again (DESIGN.md's retry: 409 when nothing failed or a
+    turn is running)."""
+    # Looked up here although retry_events looks again: a stranger's id is the 404 page
+    # (retry_events would say nothing_loaded), and a refusal returns to this chat.
+    conv = conversation_or_404(request, cid)
+    try:
+        events = turns.retry_events(user=signed_in_user(request), conversation_id=conv.pk)
+    except ArborError as exc:
+        if _wants_stream(request):
+            return _refused(exc)
+        flash.error(request, exc.detail)
+        return redirect(detail_url(conv))
+    return _run_turn(request, conv, events)
