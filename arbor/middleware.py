@@ -16,7 +16,7 @@ from django.utils.decorators import sync_and_async_middleware
 from whitenoise.middleware import WhiteNoiseMiddleware
 
 
-class StaticFiles(WhiteNoiseMiddleware):
+class StaticFiles(WhiteNoiseMiddleware):  # type: ignore[misc]  # whitenoise has no type hints
     """WhiteNoise (it serves /static/ under uvicorn too), async-capable: the lookup is
     in memory (a stat of the file in DEBUG), the file response the same in both modes."""
 

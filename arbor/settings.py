@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+import django_stubs_ext
 from csp.constants import NONE, SELF
 
 from arbor.env import (
@@ -15,6 +16,10 @@ from arbor.env import (
     env_list,
     env_str,
 )
+
+# Generic Django classes (ModelAdmin[Conversation], QuerySet[Message]) at run time, so
+# mypy --strict can check them with their model (django-stubs' documented setup).
+django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
