@@ -369,7 +369,7 @@ def _originals(
     the caller loaded it already) followed by the turn still in memory, its messages
     named ``pending:<n>``."""
     if archived is None:
-        archived = tree_services.transcript_for_model(
+        archived = tree_services.transcript_resume(
             conversation=conversation, tip_id=tip_id, drop_checkpoints=drop_checkpoints
         )
     messages, resume = list(archived[0]), archived[1]
@@ -489,7 +489,7 @@ def context_build(
     record, or (with ``preview_pages``) the snapshot drawn in memory; when only a
     summary would fit, ``needs_summary`` says so.
 
-    ``archived`` is the path to ``tip_id`` as ``tree_services.transcript_for_model``
+    ``archived`` is the path to ``tip_id`` as ``tree_services.transcript_resume``
     gives it, when the caller has it: the rounds of one turn load it once.
 
     ``target`` (below ``budget``) is how far a compaction goes when one runs: the record

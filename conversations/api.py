@@ -361,7 +361,7 @@ def create_checkpoint(request: HttpRequest, cid: str, payload: CheckpointIn) -> 
 @router.post("/conversations/{cid}/rewind", response=RewindOut)
 def rewind(request: HttpRequest, cid: str, payload: RewindIn) -> Any:
     conv = selectors.conversation_get(user=_user(request), conversation_id=cid)
-    result = services.rewind(
+    result = services.checkpoint_rewind(
         conversation=conv,
         label=payload.label,
         digest=payload.digest,
@@ -398,6 +398,6 @@ def upload_blob(request: HttpRequest, file: File[UploadedFile]) -> Status[Any]:
     )
 
 
-@router.get("/blobs/{sha256}", tags=["blobs"])
+@router.get("/blobs/{sha256}", tags=["blobs"], url_name="get_blob")
 def get_blob(request: HttpRequest, sha256: str) -> FileResponse:
     return blob_response(selectors.blob_get(user=_user(request), sha256=sha256))

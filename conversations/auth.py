@@ -15,13 +15,13 @@ from ninja.security import APIKeyCookie, HttpBearer
 from ninja.utils import check_csrf
 
 from conversations.errors import TokenExpired
-from conversations.services import api_token_user
+from conversations.services import api_token_authenticate
 
 
 class BearerToken(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str) -> Any:
         try:
-            user = api_token_user(secret=token)
+            user = api_token_authenticate(secret=token)
         except TokenExpired as exc:
             raise HttpError(401, exc.detail) from None
         if user is not None:

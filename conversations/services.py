@@ -284,11 +284,9 @@ def message_edit(
     """Edit a user prompt: append the new text as a sibling of the original (same parent)
     and move the tip to it. The original and everything below it stay."""
     original = _message_in(conversation, message_id)
-    if original.role != Role.USER:
-        raise InvalidInput("only user messages can be edited", code="not_editable")
     return turn_append(
         conversation=conversation,
-        parent_id=original.parent_id,
+        parent_id=message_edit_parent(message=original),
         expected_version=expected_version,
         messages=[{"role": Role.USER, "parts": parts}],
         origin=Origin.EDIT,
@@ -303,18 +301,32 @@ def message_regenerate(
     expected_version: int,
 ) -> TurnResult:
     """Append a new answer as a sibling of an assistant message (same parent)."""
-    original = _message_in(conversation, message_id)
-    if original.role != Role.ASSISTANT:
-        raise InvalidInput("only assistant answers can be regenerated", code="not_regenerable")
+    parent_id = message_regenerate_parent(message=_message_in(conversation, message_id))
     if not messages or not isinstance(messages[0], dict) or messages[0].get("role") != "assistant":
         raise InvalidInput("a regenerated answer starts with an assistant message")
     return turn_append(
         conversation=conversation,
-        parent_id=original.parent_id,
+        parent_id=parent_id,
         expected_version=expected_version,
         messages=messages,
         origin=Origin.REGENERATE,
     )
+
+
+def message_edit_parent(*, message: Message) -> uuid.UUID | None:
+    """Where an edit of ``message`` goes: beside it, under its parent. Only a user's
+    prompt can be edited (the API's edit and the browser's both ask here)."""
+    if message.role != Role.USER:
+        raise InvalidInput("only user messages can be edited", code="not_editable")
+    return message.parent_id
+
+
+def message_regenerate_parent(*, message: Message) -> uuid.UUID | None:
+    """Where a new answer in place of ``message`` goes: beside it. Only an assistant's
+    answer can be regenerated."""
+    if message.role != Role.ASSISTANT:
+        raise InvalidInput("only assistant answers can be regenerated", code="not_regenerable")
+    return message.parent_id
 
 
 def _message_in(conversation: Conversation, message_id: uuid.UUID | str) -> Message:
@@ -332,7 +344,7 @@ def _message_in(conversation: Conversation, message_id: uuid.UUID | str) -> Mess
 # conversations.turn_engine) records them only through these functions.
 
 
-def attempt_start(
+def turn_attempt_start(
     *,
     conversation: Conversation,
     parent_id: uuid.UUID | str | None,
@@ -358,7 +370,7 @@ def attempt_start(
         raise NotFound(f"no such conversation: {conversation.pk}") from None
 
 
-def attempt_lease(*, attempt: TurnAttempt) -> Heartbeat:
+def turn_attempt_lease(*, attempt: TurnAttempt) -> Heartbeat:
     """Keeps a running attempt's heartbeat fresh on a timer, whatever the model is doing:
     a model silent for minutes is still a turn in progress (retry refuses it), and a
     process that died stops renewing, so its attempt goes stale. Use it as ``with``."""
@@ -370,7 +382,7 @@ def attempt_lease(*, attempt: TurnAttempt) -> Heartbeat:
     )
 
 
-def attempt_heartbeat(*, attempt: TurnAttempt) -> None:
+def turn_attempt_heartbeat(*, attempt: TurnAttempt) -> None:
     """The attempt showed a sign of life (a streamed event); ``attempt`` keeps the time."""
     now = timezone.now()
     # At most one write every few seconds, however fast the tokens arrive.
@@ -379,13 +391,13 @@ def attempt_heartbeat(*, attempt: TurnAttempt) -> None:
         TurnAttempt.objects.filter(pk=attempt.pk).update(heartbeat_at=now)
 
 
-def attempt_rebase(*, attempt: TurnAttempt, parent_id: uuid.UUID) -> None:
+def turn_attempt_rebase(*, attempt: TurnAttempt, parent_id: uuid.UUID) -> None:
     """The model rewound mid-turn and its digest is committed: a retry of a failure after
     this point continues from ``parent_id`` (the digest), not from scratch."""
     TurnAttempt.objects.filter(pk=attempt.pk).update(parent_id=parent_id, input_parts=[])
 
 
-def attempt_finish(
+def turn_attempt_finish(
     *,
     attempt: TurnAttempt,
     status: str,
@@ -687,7 +699,7 @@ def _auto_digest(explored: list[Message]) -> str:
     return "\n".join(lines)
 
 
-def rewind(
+def checkpoint_rewind(
     *,
     conversation: Conversation,
     label: str,
@@ -895,7 +907,7 @@ def api_token_create(
     return token, secret
 
 
-def api_token_user(*, secret: str) -> User | None:
+def api_token_authenticate(*, secret: str) -> User | None:
     """The active user a bearer secret stands for, or None for an unknown secret (or an
     inactive user). A known token past its expiry raises TokenExpired, so the client
     learns that a new token is needed rather than that the secret is wrong."""
@@ -1073,7 +1085,7 @@ def import_job_sweep(job: Any) -> Any:
 # --- the transcript a model sees -----------------------------------------------------
 
 
-def transcript_for_model(
+def transcript_resume(
     *, conversation: Conversation, tip_id: uuid.UUID | None, drop_checkpoints: bool = True
 ) -> tuple[list[dict[str, Any]], ResumeReport]:
     """The path to ``tip_id`` as a model may receive it: trimmed back to the last valid

@@ -99,7 +99,7 @@ class TurnRun:
     def events(self) -> Iterator[Event]:
         """Everything after the ``attempt`` event, ending with ``done`` or ``error``; the
         attempt ends with the run however it ends, its lease renewed until then."""
-        with services.attempt_lease(attempt=self.attempt):
+        with services.turn_attempt_lease(attempt=self.attempt):
             try:
                 yield from self._run()
             except (ProviderError, ArborError) as exc:
@@ -116,7 +116,7 @@ class TurnRun:
                     self._fail(code="interrupted", text="stream closed")
 
     def _fail(self, *, code: str, text: str) -> None:
-        services.attempt_finish(
+        services.turn_attempt_finish(
             attempt=self.attempt, status=AttemptStatus.FAILED, code=code, text=text
         )
         self.finished = True
@@ -155,7 +155,7 @@ class TurnRun:
                 # After a rewind the turn continues below the digest: an ordinary turn.
                 origin=Origin.TURN if self.persisted else self.origin,
             )
-            services.attempt_finish(
+            services.turn_attempt_finish(
                 attempt=self.attempt, status=AttemptStatus.COMPLETED, tip=result.tip
             )
         self.finished = True
@@ -193,7 +193,7 @@ class TurnRun:
         is sent with."""
         if self._archived is None or self._archived_at != self.parent_id:
             self._archived_at = self.parent_id
-            self._archived = services.transcript_for_model(
+            self._archived = services.transcript_resume(
                 conversation=self.conversation, tip_id=self.parent_id
             )
         context = compaction.context_build(
@@ -248,7 +248,7 @@ class TurnRun:
         )
         reply: Reply | None = None
         for event in provider.stream(request):
-            services.attempt_heartbeat(attempt=self.attempt)
+            services.turn_attempt_heartbeat(attempt=self.attempt)
             if isinstance(event, Done):
                 reply = event.reply
             elif (shown := _stream_event(event)) is not None:
@@ -438,11 +438,13 @@ def _model_rewind(
                 messages=_drafts(abandoned),
                 ends_in_rewind=True,
             )
-            rewound = services.rewind(conversation=conversation, label=str(label), digest=digest)
+            rewound = services.checkpoint_rewind(
+                conversation=conversation, label=str(label), digest=digest
+            )
     except ArborError as exc:
         return _RewindOutcome(f"{exc.code}: {exc.detail}", True)
     # A retry of a failure after this point continues from the digest, not from scratch.
-    services.attempt_rebase(attempt=attempt, parent_id=rewound.digest_message)
+    services.turn_attempt_rebase(attempt=attempt, parent_id=rewound.digest_message)
     return _RewindOutcome(
         "rewound",
         False,

@@ -3,7 +3,7 @@
 The whole turn is held in memory and written at its end by ``services.turn_append``, in
 one transaction with the tip move, so a process killed anywhere mid-turn leaves the
 transcript at the previous turn. What was asked is recorded first in a ``TurnAttempt``
-row (committed on its own, see ``services.attempt_start``), so a failed or interrupted
+row (committed on its own, see ``services.turn_attempt_start``), so a failed or interrupted
 turn can be retried after a restart.
 
 This module is the way in: it checks the input, records the attempt, and hands the
@@ -166,7 +166,7 @@ def turn_events(
         parent_id = _turn_parent(conversation, parent_id)
     except Exception as exc:
         if attempt is not None:  # a retry's attempt, made under the lock: it failed here
-            services.attempt_finish(
+            services.turn_attempt_finish(
                 attempt=attempt,
                 status=AttemptStatus.FAILED,
                 code=getattr(exc, "code", "error"),
@@ -175,7 +175,7 @@ def turn_events(
         raise
 
     if attempt is None:
-        attempt = services.attempt_start(
+        attempt = services.turn_attempt_start(
             conversation=conversation,
             parent_id=parent_id,
             input_parts=user_parts,
@@ -275,11 +275,11 @@ def _retry_claim(conversation: Conversation) -> tuple[TurnAttempt | None, TurnAt
     with transaction.atomic():
         if not Conversation.objects.select_for_update().filter(pk=conversation.pk).exists():
             raise NothingLoaded("nothing loaded: there is no such conversation")
-        last = TurnAttempt.objects.filter(conversation=conversation).order_by("-created_at").first()
+        last = selectors.turn_attempt_last(conversation=conversation)
         if last is not None and attempt_is_stale(last):
             # Its process died mid-turn; the transcript holds the previous turn.
             last.status = AttemptStatus.FAILED
-            services.attempt_finish(
+            services.turn_attempt_finish(
                 attempt=last,
                 status=AttemptStatus.FAILED,
                 code="interrupted",
@@ -287,7 +287,7 @@ def _retry_claim(conversation: Conversation) -> tuple[TurnAttempt | None, TurnAt
             )
         if last is None or last.status != AttemptStatus.FAILED:
             return last, None
-        retry = services.attempt_start(
+        retry = services.turn_attempt_start(
             conversation=conversation,
             parent_id=last.parent_id,
             input_parts=last.input_parts,

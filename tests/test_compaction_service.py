@@ -19,7 +19,7 @@ from conversations import services
 from conversations.models import Conversation, Message
 from conversations.providers import resolve_model
 from conversations.providers.fake import FakeLLMServer, Step
-from conversations.services import transcript_for_model
+from conversations.services import transcript_resume
 from tests.builders import grow, make_user, text
 from tests.fake_models import serve_fake_models
 
@@ -246,7 +246,7 @@ class SnapshotJobTests(TestCase):
             conversation=conv,
             spec=resolve_model("openai/vision"),
             view=ContextView.build(
-                transcript_for_model(conversation=conv, tip_id=conv.tip_id)[0],
+                transcript_resume(conversation=conv, tip_id=conv.tip_id)[0],
                 budget_tokens=record.budget_tokens,
                 model=compaction.model_info(resolve_model("openai/vision")),
             ),

@@ -210,7 +210,10 @@ class ConcurrentWriterTests(TransactionTestCase):
             results = race(
                 *(
                     partial(
-                        services.rewind, conversation=conv, label="cp", expected_version=version
+                        services.checkpoint_rewind,
+                        conversation=conv,
+                        label="cp",
+                        expected_version=version,
                     )
                     for _ in range(2)
                 )
@@ -240,7 +243,7 @@ class ConcurrentWriterTests(TransactionTestCase):
             "checkpoint_create": lambda conv, n: services.checkpoint_create(
                 conversation=conv, label="new"
             ),
-            "rewind": lambda conv, n: services.rewind(conversation=conv, label="cp"),
+            "rewind": lambda conv, n: services.checkpoint_rewind(conversation=conv, label="cp"),
         }
         for name, write in writers.items():
             conv, n = new_conversation(self.user, "a>b")

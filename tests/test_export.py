@@ -138,7 +138,7 @@ class ArborRoundTripTests(ExportTestCase):
         conv.refresh_from_db()
         services.checkpoint_create(conversation=conv, label="after")
         conv.refresh_from_db()
-        services.rewind(conversation=conv, label="start", digest="went elsewhere")
+        services.checkpoint_rewind(conversation=conv, label="start", digest="went elsewhere")
         conv.refresh_from_db()
         fork = services.conversation_fork(message=nodes["d"], owner=self.user)
         build_tree(fork, "d")  # forked messages carry fork_of metadata

@@ -92,7 +92,7 @@ class StreamFaultTests(TransactionTestCase):
         )
         self.assertEqual(status, 200, raw)
         conversation.refresh_from_db()
-        path = services.transcript_for_model(conversation=conversation, tip_id=conversation.tip_id)
+        path = services.transcript_resume(conversation=conversation, tip_id=conversation.tip_id)
         texts = [p["text"] for m in path[0] for p in m["parts"] if p["type"] == "text"]
         self.assertEqual(
             texts,

@@ -12,7 +12,15 @@ from pathlib import Path
 import conversations.importers as importers
 
 ROOT = Path(__file__).resolve().parent.parent
-PURE = ["compaction.ladder", "compaction.estimate", "compaction.render", "conversations.resume"]
+PURE = [
+    "compaction.ladder",
+    "compaction.estimate",
+    "compaction.render",
+    "conversations.resume",
+    "conversations.treemap",
+    "conversations.treegraph",
+    "conversations.markdown",
+]
 # Everything of the importers but the Django side (``writer`` and ``services``).
 PURE_IMPORTERS = [
     "conversations.importers",

@@ -22,7 +22,7 @@ from conversations.importers.reading import detect_format, document_format
 from conversations.models import Conversation, Message
 from conversations.providers.convert import to_anthropic
 from conversations.providers.fake import anthropic_pairing_error
-from conversations.services import transcript_for_model
+from conversations.services import transcript_resume
 from tests.builders import make_user
 from tests.test_import_samples import ALL_SAMPLES
 
@@ -208,7 +208,7 @@ class ClaudeAiImportTests(TestCase):
         for raw in (TOOLS, OLD):
             conversation, summary = self.imported(raw)
             assert summary.flagged.as_list() == [], raw["uuid"]
-            messages, resume = transcript_for_model(
+            messages, resume = transcript_resume(
                 conversation=conversation, tip_id=conversation.tip_id
             )
             assert resume.trimmed == [] and resume.repaired == []

@@ -32,7 +32,7 @@ from conversations.importers.reading import detect_format, record_format
 from conversations.models import Conversation, Message
 from conversations.providers.convert import to_anthropic, to_openai
 from conversations.providers.fake import anthropic_pairing_error, openai_pairing_error
-from conversations.services import transcript_for_model
+from conversations.services import transcript_resume
 from tests import codex_server
 from tests.builders import calls_and_answers, make_user
 from tests.test_import_samples import SAMPLES
@@ -112,7 +112,7 @@ class CodexChecks(TestCase):
         self.assertEqual(summary.tool_calls, len(calls))
         self.assertEqual((summary.tool_pairs, summary.tool_pairs_elsewhere), (len(calls), 0))
         self.assertEqual(summary.flagged.as_list(), [])
-        wire, resume = transcript_for_model(conversation=conversation, tip_id=conversation.tip_id)
+        wire, resume = transcript_resume(conversation=conversation, tip_id=conversation.tip_id)
         self.assertEqual((resume.trimmed, resume.repaired), ([], []))
         self.assertEqual(len(wire), len(path))
         anthropic = to_anthropic(wire).messages
@@ -231,7 +231,7 @@ class CodexChecks(TestCase):
         skipped = self.skipped(report)
         self.assertTrue(any("summariser" in i["detail"] for i in skipped))
         self.assertIn("replacement_history", {i["kind"] for i in skipped})
-        wire, _ = transcript_for_model(conversation=conversation, tip_id=conversation.tip_id)
+        wire, _ = transcript_resume(conversation=conversation, tip_id=conversation.tip_id)
         self.assertIn("compaction_marker", wire[6]["metadata"])
 
 
@@ -377,7 +377,7 @@ class VariantTests(CodexChecks):
         flagged = summary.flagged.as_list()
         self.assertEqual([i["kind"] for i in flagged], ["unpaired_tool_call"])
         self.assertIn("call_beta", flagged[0]["detail"])
-        wire, resume = transcript_for_model(conversation=conversation, tip_id=conversation.tip_id)
+        wire, resume = transcript_resume(conversation=conversation, tip_id=conversation.tip_id)
         self.assertTrue(resume.changed)
         sent = [p["id"] for m in wire for p in m["parts"] if p["type"] == "tool_call"]
         self.assertNotIn("call_beta", sent)

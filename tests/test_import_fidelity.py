@@ -23,7 +23,7 @@ from conversations.importers import ImportRejected, ImportReport, transcript_imp
 from conversations.models import Conversation, ImportJob, Message
 from conversations.providers.convert import to_anthropic
 from conversations.providers.fake import anthropic_pairing_error
-from conversations.services import transcript_for_model
+from conversations.services import transcript_resume
 from tests.builders import make_user
 
 DATA = Path(__file__).parent / "data"
@@ -70,7 +70,7 @@ class ChatGPTBrowsingTests(TestCase):
         (summary, _) = self.report.conversations
         self.assertEqual((summary.tool_calls, summary.tool_pairs), (2, 2))
         self.assertEqual(summary.flagged.as_list(), [])
-        messages, resume = transcript_for_model(conversation=self.old, tip_id=self.old.tip_id)
+        messages, resume = transcript_resume(conversation=self.old, tip_id=self.old.tip_id)
         self.assertEqual(resume.trimmed, [])
         wire = to_anthropic(messages).messages
         self.assertIsNone(anthropic_pairing_error(wire))

@@ -25,7 +25,7 @@ from conversations.importers import ImportReport, transcript_import
 from conversations.models import Conversation, Message
 from conversations.providers.convert import to_anthropic
 from conversations.providers.fake import FakeLLMServer, anthropic_pairing_error
-from conversations.services import transcript_for_model
+from conversations.services import transcript_resume
 from tests import harness_sessions
 from tests.builders import calls_and_answers, make_user
 
@@ -73,9 +73,7 @@ class ImportChecks(TestCase):
         self.assertEqual((summary.tool_pairs, summary.tool_pairs_elsewhere), (CALLS, 0))
         self.assertEqual(summary.flagged.as_list(), [])
         # What a model is sent on resume: every call and result, paired.
-        messages, resume = transcript_for_model(
-            conversation=conversation, tip_id=conversation.tip_id
-        )
+        messages, resume = transcript_resume(conversation=conversation, tip_id=conversation.tip_id)
         self.assertEqual(resume.trimmed, [])
         wire = to_anthropic(messages).messages
         self.assertIsNone(anthropic_pairing_error(wire))

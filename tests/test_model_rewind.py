@@ -250,7 +250,7 @@ class TreeMapMarksTests(TestCase):
         )
         conv.refresh_from_db()
         explored_tip = conv.tip_id
-        result = services.rewind(conversation=conv, label="base", digest="nothing there")
+        result = services.checkpoint_rewind(conversation=conv, label="base", digest="nothing there")
         self.client.force_login(user)
         body = self.client.get(f"/c/{conv.pk}/tree/").content.decode()
         assert "⚑ base (model)" in body

@@ -12,7 +12,7 @@ from django.test import TestCase
 from conversations.importers import transcript_import
 from conversations.models import Conversation, Message
 from conversations.resume import resume_view
-from conversations.services import transcript_for_model
+from conversations.services import transcript_resume
 from tests.builders import make_user
 
 
@@ -104,9 +104,7 @@ class PiSampleResumeTests(TestCase):
             if m.metadata.get("unpaired_tool_calls")
         ]  # fmt: skip
         assert len(flagged) == 3  # SOURCES.md: 3 tool calls have no result
-        messages, resume = transcript_for_model(
-            conversation=conversation, tip_id=conversation.tip_id
-        )
+        messages, resume = transcript_resume(conversation=conversation, tip_id=conversation.tip_id)
         left_out = {r["left_out"] for r in resume.repaired}
         assert len(left_out) == 3 and all(x.startswith("tool call ") for x in left_out)
         calls = {p["id"] for m in messages for p in m["parts"] if p["type"] == "tool_call"}

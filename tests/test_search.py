@@ -87,7 +87,9 @@ class SearchTextTests(TestCase):
             expected_version=conv.version,
         )
         conv.refresh_from_db()
-        rewound = services.rewind(conversation=conv, label="cp", digest="what we learned")
+        rewound = services.checkpoint_rewind(
+            conversation=conv, label="cp", digest="what we learned"
+        )
         fork = services.conversation_fork(
             message=Message.objects.select_related("conversation").get(pk=regen.tip),
             owner=self.alice,

@@ -227,7 +227,9 @@ class CheckpointTests(TestCase):
         services.checkpoint_create(conversation=conv, label="before")
         n = build_tree(conv, "b>c>d", nodes=n)
         conv.refresh_from_db()
-        result = services.rewind(conversation=conv, label="before", digest="tried c; no luck")
+        result = services.checkpoint_rewind(
+            conversation=conv, label="before", digest="tried c; no luck"
+        )
         conv.refresh_from_db()
         assert conv.tip_id == result.digest_message
         digest = Message.objects.get(pk=result.digest_message)
@@ -253,7 +255,7 @@ class CheckpointTests(TestCase):
         conv.refresh_from_db()
         version = conv.version
         with pytest.raises(Conflict) as err:
-            services.rewind(conversation=conv, label="x")
+            services.checkpoint_rewind(conversation=conv, label="x")
         assert err.value.code == "checkpoint_dropped"
         cp.refresh_from_db()
         assert cp.message_id == n["b"].id and cp.state == "dropped"

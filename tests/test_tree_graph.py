@@ -307,7 +307,7 @@ class PageTests(TestCase):
         )  # fmt: skip
         conv.refresh_from_db()
         explored = conv.tip_id
-        result = services.rewind(conversation=conv, label="base", digest="nothing there")
+        result = services.checkpoint_rewind(conversation=conv, label="base", digest="nothing there")
         svg = svg_of(self.client.get(f"/c/{conv.pk}/tree/").content.decode())
         marked = svg[svg.index(f'id="gn-{base.message_id}"') :]
         marked = marked[: marked.index("</g>")]

@@ -598,7 +598,7 @@ class TreeMachine(RuleBasedStateMachine):
             # Rewinding to the dropped label is refused; the tip and version stay (the
             # invariants compare them with the model after this step).
             with Refused(Conflict, "checkpoint_dropped"):
-                services.rewind(
+                services.checkpoint_rewind(
                     conversation=conv.instance, label=cp.label, expected_version=conv.version
                 )
 
@@ -635,7 +635,7 @@ class TreeMachine(RuleBasedStateMachine):
         ]
 
         def call() -> services.RewindResult:
-            return services.rewind(
+            return services.checkpoint_rewind(
                 conversation=conv.instance,
                 label=label,
                 digest=digest,

@@ -155,7 +155,7 @@ class TurnEngineTests(TestCase):
         assert Message.objects.count() == before
 
     def test_bad_input_on_a_retry_fails_its_attempt(self) -> None:
-        retry = services.attempt_start(
+        retry = services.turn_attempt_start(
             conversation=self.conv, parent_id=None, input_parts=[], model="fake/demo"
         )
         with self.assertRaises(InvalidInput):
@@ -171,7 +171,7 @@ class AttemptServiceTests(TestCase):
 
     def setUp(self) -> None:
         self.conv, self.nodes = new_conversation(self.user, "hello>hi")
-        self.attempt = services.attempt_start(
+        self.attempt = services.turn_attempt_start(
             conversation=self.conv,
             parent_id=self.conv.tip_id,
             input_parts=text("go"),
@@ -189,13 +189,13 @@ class AttemptServiceTests(TestCase):
         TurnAttempt.objects.filter(pk=self.attempt.pk).update(heartbeat_at=past)
         self.attempt.heartbeat_at = past
         with self.assertNumQueries(1):
-            services.attempt_heartbeat(attempt=self.attempt)
+            services.turn_attempt_heartbeat(attempt=self.attempt)
         with self.assertNumQueries(0):
-            services.attempt_heartbeat(attempt=self.attempt)
+            services.turn_attempt_heartbeat(attempt=self.attempt)
         assert TurnAttempt.objects.get(pk=self.attempt.pk).heartbeat_at > past
 
     def test_finish_records_the_end_and_cuts_the_code_to_its_column(self) -> None:
-        services.attempt_finish(
+        services.turn_attempt_finish(
             attempt=self.attempt, status=AttemptStatus.FAILED, code="x" * 100, text="why"
         )
         row = TurnAttempt.objects.get(pk=self.attempt.pk)
@@ -204,7 +204,7 @@ class AttemptServiceTests(TestCase):
 
     def test_rebase_makes_a_retry_continue_from_the_digest(self) -> None:
         digest = self.nodes["hello"].id
-        services.attempt_rebase(attempt=self.attempt, parent_id=digest)
+        services.turn_attempt_rebase(attempt=self.attempt, parent_id=digest)
         row = TurnAttempt.objects.get(pk=self.attempt.pk)
         assert row.parent_id == digest and row.input_parts == []
 
@@ -217,5 +217,7 @@ class AttemptStartRaceTests(TransactionTestCase):
         gone = Conversation(pk=conv.pk)
         services.conversation_delete(conversation=conv)
         with self.assertRaises(NotFound):
-            services.attempt_start(conversation=gone, parent_id=None, input_parts=[], model="m")
+            services.turn_attempt_start(
+                conversation=gone, parent_id=None, input_parts=[], model="m"
+            )
         assert not TurnAttempt.objects.exists()

@@ -23,7 +23,7 @@ from django.test import Client, TestCase, TransactionTestCase
 from conversations import selectors, services, turns
 from conversations.models import Checkpoint, Conversation, Message, TurnAttempt
 from conversations.providers.fake import FakeLLMServer, Step
-from conversations.services import transcript_for_model
+from conversations.services import transcript_resume
 from conversations.turns import attempt_is_stale
 from tests.builders import make_user, new_conversation, text, tool_turn
 from tests.fake_models import PROTOCOLS, child_env, serve_fake_models
@@ -262,7 +262,7 @@ class ResumeTrimTests(ChatTestCase):
             expected_version=0,
             messages=tool_turn("go"),
         )
-        messages, report = transcript_for_model(conversation=conv, tip_id=result.message_ids[1])
+        messages, report = transcript_resume(conversation=conv, tip_id=result.message_ids[1])
         assert [m["role"] for m in messages] == ["user"]
         assert report.trimmed == [str(result.message_ids[1])]
 

@@ -406,7 +406,7 @@ class PageTests(UiBase):
         token = ApiToken.objects.get(user=self.alice)
         secret = body.split('<pre id="token-secret">')[1].split("</pre>")[0]
         assert secret.startswith("arb_") and "no-store" in response["Cache-Control"]
-        assert services.api_token_user(secret=secret) == self.alice
+        assert services.api_token_authenticate(secret=secret) == self.alice
         assert secret not in self.client.get("/settings/").content.decode()
         self.client.force_login(self.bob)
         assert self.client.post(f"/settings/tokens/{token.pk}/revoke/").status_code == 404

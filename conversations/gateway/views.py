@@ -31,7 +31,7 @@ from conversations.errors import ArborError
 from conversations.gateway import services, upstream, wire
 from conversations.parts import NotJSON, strict_json
 from conversations.providers import ContextOverflow, ModelSpec, parse_overflow, resolve_model
-from conversations.services import api_token_user
+from conversations.services import api_token_authenticate
 
 log = logging.getLogger("arbor.gateway")
 
@@ -116,7 +116,7 @@ async def _user(request: HttpRequest) -> Any:
     secret = _credential(request)
     if not secret:
         return None
-    return await sync_to_async(api_token_user)(secret=secret)
+    return await sync_to_async(api_token_authenticate)(secret=secret)
 
 
 def _spec(protocol: Protocol, model: Any) -> ModelSpec:
@@ -254,7 +254,7 @@ def _unauthorized(protocol: Protocol) -> JsonResponse:
 
 
 def _prepare(protocol: Protocol, secret: str, headers: dict[str, str], raw: bytes) -> Prepared:
-    user = api_token_user(secret=secret)
+    user = api_token_authenticate(secret=secret)
     if user is None:
         raise _Unauthorized
     try:

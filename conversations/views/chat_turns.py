@@ -14,9 +14,9 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
-from conversations import forms, turns
-from conversations.errors import ArborError
-from conversations.models import Conversation, Origin, Role
+from conversations import forms, services, turns
+from conversations.errors import ArborError, InvalidInput
+from conversations.models import Conversation, Origin
 from conversations.streaming import TurnEvent, event_stream, events_primed
 from conversations.views.common import (
     HtmxHttpRequest,
@@ -91,10 +91,12 @@ def message_edit(request: HtmxHttpRequest, cid: str, mid: str) -> HttpResponseBa
     form = forms.EditForm(request.POST)
     if not form.is_valid():
         return form_error(form)
-    if original.role != Role.USER:
-        return HttpResponse("only your own messages can be edited", status=400)
+    try:
+        parent = services.message_edit_parent(message=original)
+    except InvalidInput as exc:
+        return HttpResponse(exc.detail, status=400, content_type="text/plain")
     parts = [{"type": "text", "text": form.cleaned_data["text"]}]
-    return _turn(request, conv, parts=parts, parent_id=original.parent_id, origin=Origin.EDIT)
+    return _turn(request, conv, parts=parts, parent_id=parent, origin=Origin.EDIT)
 
 
 @login_required
@@ -103,9 +105,13 @@ def message_regenerate(request: HtmxHttpRequest, cid: str, mid: str) -> HttpResp
     """A new answer from the same point: a sibling of the original answer."""
     conv = conversation_or_404(request, cid)
     original = message_or_404(conv, mid)
-    if original.role != Role.ASSISTANT or original.parent_id is None:
-        return HttpResponse("only answers can be regenerated", status=400)
-    return _turn(request, conv, parts=None, parent_id=original.parent_id, origin=Origin.REGENERATE)
+    try:
+        parent = services.message_regenerate_parent(message=original)
+    except InvalidInput as exc:
+        return HttpResponse(exc.detail, status=400, content_type="text/plain")
+    if parent is None:  # a model turn needs something before it to answer
+        return HttpResponse("an answer with nothing before it cannot be regenerated", status=400)
+    return _turn(request, conv, parts=None, parent_id=parent, origin=Origin.REGENERATE)
 
 
 @login_required

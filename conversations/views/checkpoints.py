@@ -73,7 +73,7 @@ def rewind(request: HtmxHttpRequest, cid: str) -> HttpResponse:
     if not form.is_valid():
         return form_error(form)
     try:
-        result = services.rewind(
+        result = services.checkpoint_rewind(
             conversation=conv,
             label=form.cleaned_data["label"],
             digest=form.cleaned_data["digest"] or None,

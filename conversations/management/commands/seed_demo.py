@@ -271,7 +271,7 @@ class Command(BaseCommand):
             ],
         )
         # Abandon the budget branch: back to the checkpoint, with a digest of what was seen.
-        rewound = services.rewind(
+        rewound = services.checkpoint_rewind(
             conversation=conv,
             label="before-budget",
             digest="We priced a rental car and a sea-view hotel (about ₩1.1M each for four "
