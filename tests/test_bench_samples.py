@@ -9,16 +9,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from compaction.bench_samples import CLAUDE_CODE_DIR, PI_SAMPLE, load_claude_code, load_pi
 
 ROOT = Path(__file__).resolve().parents[1]
 APPS = ("arbor", "compaction", "conversations")
-
-pytestmark = pytest.mark.skipif(
-    not PI_SAMPLE.exists(), reason=f"the shared samples are not at {PI_SAMPLE.parent.parent}"
-)
 
 
 def raw_pi_messages() -> list[dict[str, Any]]:

@@ -1,18 +1,12 @@
-"""The turn engine against a scripted in-memory provider: the order of its events, how
-its attempt ends (done, error, a closed stream), the last round's tool choice, and the
-attempt services it records through.
-
-The provider is swapped by setting ``turns.make_provider``, as the benches do: the engine
-looks it up there when it opens the provider.
-"""
+"""The turn engine against the loopback fake provider (real HTTP, a script of answers):
+the order of its events, how its attempt ends (done, error, a closed stream), the last
+round's tool choice, and the attempt services it records through."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from types import GeneratorType
 from typing import Any
-from unittest import mock
 
 from django.test import TestCase, TransactionTestCase, override_settings
 from django.utils import timezone
@@ -20,60 +14,12 @@ from django.utils import timezone
 from conversations import selectors, services, turns
 from conversations.errors import InvalidInput, NotFound
 from conversations.models import AttemptStatus, Conversation, Message, TurnAttempt
-from conversations.providers import (
-    ContextOverflow,
-    Done,
-    Reply,
-    Request,
-    StreamEvent,
-    TextDelta,
-    ToolCallStarted,
-    Usage,
-)
-from conversations.providers.errors import RateLimited
+from conversations.providers.fake import FakeLLMServer, Step, openai_overflow
 from tests.builders import make_user, new_conversation, text
+from tests.fake_models import serve_fake_models
 
-Step = list[StreamEvent] | Exception
-
-
-class ScriptedProvider:
-    """Answers each request with the next step of its script: stream events, or an
-    exception raised before any event."""
-
-    def __init__(self, *steps: Step) -> None:
-        self.steps = list(steps)
-        self.requests: list[Request] = []
-
-    def __call__(self, spec: Any, **kwargs: Any) -> ScriptedProvider:
-        return self  # stands in for make_provider
-
-    def __enter__(self) -> ScriptedProvider:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def stream(self, request: Request) -> Iterator[StreamEvent]:
-        self.requests.append(request)
-        step = self.steps.pop(0)
-        if isinstance(step, Exception):
-            raise step
-        yield from step
-
-
-def answer(words: str) -> list[StreamEvent]:
-    reply = Reply(parts=text(words), usage=Usage(input_tokens=10, output_tokens=2))
-    return [TextDelta(words), Done(reply)]
-
-
-def calculator_call(call_id: str = "c1") -> list[StreamEvent]:
-    call = {
-        "type": "tool_call",
-        "id": call_id,
-        "name": "calculator",
-        "arguments": {"expression": "6*7"},
-    }
-    return [ToolCallStarted(0, call_id, "calculator"), Done(Reply(parts=[call]))]
+MODEL = "openai/test"
+CALCULATOR = {"name": "calculator", "arguments": {"expression": "6*7"}, "id": "c1"}
 
 
 class TurnEngineTests(TestCase):
@@ -83,17 +29,17 @@ class TurnEngineTests(TestCase):
 
     def setUp(self) -> None:
         self.conv, _ = new_conversation(self.user, "hello>hi")
+        self.fake = self.enterContext(serve_fake_models(FakeLLMServer(), window=100_000))
 
-    def run_turn(self, provider: ScriptedProvider, words: str = "go") -> list[dict[str, Any]]:
-        with mock.patch.object(turns, "make_provider", provider):
-            return list(turns.turn_events(conversation=self.conv, parts=text(words)))
+    def run_turn(self, *steps: Step, words: str = "go") -> list[dict[str, Any]]:
+        self.fake.push(*steps)
+        return list(turns.turn_events(conversation=self.conv, parts=text(words), model=MODEL))
 
     def attempt(self, events: list[dict[str, Any]]) -> TurnAttempt:
         return TurnAttempt.objects.get(pk=events[0]["attempt"])
 
     def test_it_runs_a_tool_round_then_answers_in_event_order(self) -> None:
-        provider = ScriptedProvider(calculator_call(), answer("42"))
-        events = self.run_turn(provider, "what is 6*7?")
+        events = self.run_turn(Step.tools(CALCULATOR), Step.reply("42"), words="what is 6*7?")
         assert [e["event"] for e in events] == [
             "attempt", "tool_call", "tool_result", "delta", "done"
         ]  # fmt: skip
@@ -106,25 +52,25 @@ class TurnEngineTests(TestCase):
         assert path[4].parts[0]["parts"] == text("42")
         assert done["message_ids"] == [str(m.id) for m in path[2:]]
         attempt = self.attempt(events)
-        assert (
-            attempt.status == AttemptStatus.COMPLETED
-            and str(attempt.result_tip_id) == (done["tip"])
-        )
+        assert attempt.status == AttemptStatus.COMPLETED
+        assert str(attempt.result_tip_id) == done["tip"]
         # The second request carried the turn so far; neither forbade tools.
-        assert [r.tool_choice for r in provider.requests] == [None, None]
-        assert "42" in str(provider.requests[1].messages)
+        bodies = [r.body for r in self.fake.requests]
+        assert [b.get("tool_choice") for b in bodies] == [None, None]
+        assert "42" in str(bodies[1]["messages"])
 
     @override_settings(ARBOR_MAX_TOOL_ROUNDS=1)
     def test_the_last_round_lets_the_model_call_no_tool(self) -> None:
-        provider = ScriptedProvider(calculator_call(), answer("done"))
-        events = self.run_turn(provider)
+        events = self.run_turn(Step.tools(CALCULATOR), Step.reply("done"))
         assert events[-1]["event"] == "done"
-        assert [r.tool_choice for r in provider.requests] == [None, "none"]
-        assert provider.requests[1].tools  # defined still: the history holds a call
+        bodies = [r.body for r in self.fake.requests]
+        assert [b.get("tool_choice") for b in bodies] == [None, "none"]
+        assert bodies[1]["tools"]  # defined still: the history holds a call
 
     def test_a_provider_error_is_the_last_event_and_fails_the_attempt(self) -> None:
         before = Message.objects.count()
-        events = self.run_turn(ScriptedProvider(RateLimited("slow down")))
+        # The SDK itself tries a 429 three times before it gives up.
+        events = self.run_turn(*[Step.error(429, "slow down", retry_after=0)] * 3)
         assert [e["event"] for e in events] == ["attempt", "error"]
         assert events[-1]["error"] == "rate_limited"
         attempt = self.attempt(events)
@@ -132,23 +78,20 @@ class TurnEngineTests(TestCase):
         assert Message.objects.count() == before
 
     def test_an_overflow_of_a_first_message_fails_without_compacting(self) -> None:
-        conv = services.conversation_create(owner=self.user, title="empty")
-        provider = ScriptedProvider(ContextOverflow(5000, 4000))
-        with mock.patch.object(turns, "make_provider", provider):
-            events = list(turns.turn_events(conversation=conv, parts=text("hi")))
+        self.conv = services.conversation_create(owner=self.user, title="empty")
+        events = self.run_turn(Step.error(400, body=openai_overflow(5000, 4000)), words="hi")
         # Nothing archived to compact: no second request, and no "compacted" event.
         assert [e["event"] for e in events] == ["attempt", "error"]
-        assert events[-1]["error"] == "context_overflow" and len(provider.requests) == 1
+        assert events[-1]["error"] == "context_overflow" and len(self.fake.requests) == 1
 
     def test_a_closed_stream_leaves_the_attempt_failed_as_interrupted(self) -> None:
         before = Message.objects.count()
-        provider = ScriptedProvider(answer("never kept"))
-        with mock.patch.object(turns, "make_provider", provider):
-            events = turns.turn_events(conversation=self.conv, parts=text("go"))
-            assert isinstance(events, GeneratorType)
-            first = next(events)
-            assert next(events)["event"] == "delta"
-            events.close()  # the client went away mid-answer
+        self.fake.push(Step.reply("never kept"))
+        events = turns.turn_events(conversation=self.conv, parts=text("go"), model=MODEL)
+        assert isinstance(events, GeneratorType)
+        first = next(events)
+        assert next(events)["event"] == "delta"
+        events.close()  # the client went away mid-answer
         attempt = TurnAttempt.objects.get(pk=first["attempt"])
         assert attempt.status == AttemptStatus.FAILED
         assert (attempt.error_code, attempt.error_text) == ("interrupted", "stream closed")
