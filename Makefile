@@ -50,8 +50,12 @@ lint: setup
 typecheck: setup
 	$(TEST_ENV) $(BIN)/mypy .
 
+# The suite runs in PYTEST_WORKERS processes (pytest-xdist), a test file per process at
+# a time: many tests wait on subprocesses (servers, workers, harnesses, OCR), so even a
+# 2-core machine gains from three. Each process gets its own test database and Redis db.
+PYTEST_WORKERS ?= 3
 pytest: setup harness
-	$(TEST_ENV) $(BIN)/pytest
+	$(TEST_ENV) $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 test: lint typecheck pytest
 

@@ -221,6 +221,10 @@ ARBOR_IMPORT_MAX_OPEN = env_int("ARBOR_IMPORT_MAX_OPEN", 3)
 # may have waiting or running at once; each can render and OCR many pages or call a
 # model. The context API's POST compacts inside its own request instead.
 ARBOR_COMPACTION_MAX_OPEN = env_int("ARBOR_COMPACTION_MAX_OPEN", 3)
+# A compaction job measures the legibility of its snapshot pages with tesseract (the
+# audit's "OCR CER"): several seconds a dense page, so at most this many pages a record,
+# spread from the first to the last; the others show "OCR not measured". 0 measures none.
+ARBOR_OCR_MAX_PAGES = env_int("ARBOR_OCR_MAX_PAGES", 6)
 ARBOR_MAX_IMAGE_PIXELS = env_int("ARBOR_MAX_IMAGE_PIXELS", 40_000_000)
 ARBOR_MAX_TURN_MESSAGES = env_int("ARBOR_MAX_TURN_MESSAGES", 200)
 ARBOR_MAX_PART_CHARS = env_int("ARBOR_MAX_PART_CHARS", 2_000_000)

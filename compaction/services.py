@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from functools import cached_property, partial
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core.cache import cache
@@ -189,16 +189,32 @@ def renderer_for(spec: ModelSpec) -> CapturingRenderer | None:
     return CapturingRenderer(spec.image_billing) if spec.vision else None
 
 
+_T = TypeVar("_T")
+
+
+def pages_to_measure(pages: list[_T], limit: int) -> list[_T]:
+    """At most ``limit`` of ``pages``, the first and the last among them, evenly spread."""
+    if limit <= 0:
+        return []
+    if len(pages) <= limit:
+        return pages
+    if limit == 1:
+        return pages[:1]
+    step = (len(pages) - 1) / (limit - 1)
+    return [pages[round(i * step)] for i in range(limit)]
+
+
 def pages_measure_ocr(
     *, record: CompactionRecord, render: CapturingRenderer | None, progress: Progress = _quiet
 ) -> None:
-    """Store tesseract's character error rate on each page of the record (slow: about a
-    second a page, so jobs do it, not requests). Without tesseract nothing is stored."""
+    """Store tesseract's character error rate on pages of the record: at most
+    ``ARBOR_OCR_MAX_PAGES``, spread evenly from the first to the last (slow: seconds a
+    dense page, so jobs do it, not requests). Without tesseract nothing is stored."""
     if render is None:
         return
     from compaction.render import ocr_cer
 
-    pages = list(record.pages.all())
+    pages = pages_to_measure(list(record.pages.all()), settings.ARBOR_OCR_MAX_PAGES)
     for done, page in enumerate(pages):
         progress({"stage": "OCR", "done": done, "total": len(pages)})
         drawn = render.pages.get(page.blob_id)

@@ -36,7 +36,9 @@ from tests.fake_models import child_env, serve_fake_models
 from tests.test_import_kill import chatgpt_export
 
 ROOT = Path(__file__).resolve().parent.parent
-BROKER = "redis://127.0.0.1:6379/14"
+# One Redis database per test process: make test runs the suite in several (xdist).
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+BROKER = f"redis://127.0.0.1:6379/{14 - _WORKER % 10}"
 FAKE = FakeLLMServer(context_window=4000)
 
 
