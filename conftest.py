@@ -21,6 +21,10 @@ def pytest_configure(config: object) -> None:
     from django.conf import settings
 
     settings.ARBOR_INPROCESS_JOBS = "inline"
+    # A TestCase's rows are uncommitted on the test's own connection: the gateway's
+    # views, called in-process by Django's test client, use it too (live servers the
+    # tests start keep their own database threads).
+    settings.ARBOR_GATEWAY_DB_THREADS = 0
     # Tests create hundreds of users: a deliberately slow password hash (PBKDF2's
     # hundreds of thousands of rounds) would be most of some tests' time. Servers the
     # tests start in subprocesses keep the real hashers; they sign users in by session.

@@ -225,6 +225,10 @@ ARBOR_COMPACTION_MAX_OPEN = env_int("ARBOR_COMPACTION_MAX_OPEN", 3)
 # audit's "OCR CER"): several seconds a dense page, so at most this many pages a record,
 # spread from the first to the last; the others show "OCR not measured". 0 measures none.
 ARBOR_OCR_MAX_PAGES = env_int("ARBOR_OCR_MAX_PAGES", 6)
+# Threads the gateway runs its database work on, each keeping its connection open
+# between requests (conversations/gateway/dbthreads.py): at most this many connections
+# per server process for the gateway, besides the site's.
+ARBOR_GATEWAY_DB_THREADS = env_int("ARBOR_GATEWAY_DB_THREADS", 4)
 ARBOR_MAX_IMAGE_PIXELS = env_int("ARBOR_MAX_IMAGE_PIXELS", 40_000_000)
 ARBOR_MAX_TURN_MESSAGES = env_int("ARBOR_MAX_TURN_MESSAGES", 200)
 ARBOR_MAX_PART_CHARS = env_int("ARBOR_MAX_PART_CHARS", 2_000_000)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
+import orjson
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
@@ -127,7 +128,7 @@ def _message_raw(digest: str, drafts: list[wire.Draft], rule: str) -> int:
 
 
 _FIXED_CACHE: OrderedDict[tuple[str, str, str], int] = OrderedDict()
-_DIGEST_CACHE: OrderedDict[str, str] = OrderedDict()
+_DIGEST_CACHE: OrderedDict[bytes, str] = OrderedDict()
 _DIGEST_KEY_MAX = 32 * 1024
 
 
@@ -148,7 +149,10 @@ def _fixed_tokens(system: str, tools: Sequence[Mapping[str, Any]], rule: str) ->
 def _digest_of(message: Mapping[str, Any], to_digest: Any) -> str:
     """A wire message's digest, looked up by its exact JSON first (C-fast) and computed
     (the canonical form, in Python) only for a message not seen in that exact form."""
-    exact = json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+    try:
+        exact: bytes = orjson.dumps(message)
+    except (TypeError, orjson.JSONEncodeError):  # an integer past 64 bits
+        exact = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
     if len(exact) > _DIGEST_KEY_MAX:  # an image or a huge result: not kept as a key
         return str(to_digest(message))
     found = _DIGEST_CACHE.get(exact)
@@ -268,6 +272,14 @@ def placement_find(*, user: Any, exchange: Exchange, conversation_id: str | None
     like a missing one); else by the harness's session id together with the agent's
     fingerprint; else by content (the longest stored prefix among the user's gateway
     conversations of the same agent); else a new conversation."""
+    placement = _placement_find(user=user, exchange=exchange, conversation_id=conversation_id)
+    # Every route above finds only the user's own conversations: spare the query for
+    # the owner when images are stored.
+    placement.conversation.owner = user
+    return placement
+
+
+def _placement_find(*, user: Any, exchange: Exchange, conversation_id: str | None) -> Placement:
     conversation: Conversation | None = None
     if conversation_id:
         conversation = selectors.conversation_get(user=user, conversation_id=conversation_id)
@@ -463,9 +475,10 @@ def exchange_store(
         to_digest = (
             wire.anthropic_digest if exchange.protocol == "anthropic" else wire.openai_digest
         )
-        digests = [*exchange.digests, to_digest(answer)]
+        previous = exchange.keys[-1] if exchange.keys else wire.CHAIN_SEED
         index = len(exchange.messages)
-        groups.append((index, wire.chain_keys(digests)[-1], to_drafts(answer, "answer")))
+        key = wire.chain_next(previous, to_digest(answer))
+        groups.append((index, key, to_drafts(answer, "answer")))
         extra[index] = dict(answer_metadata or {})
     if not groups:
         return placement.parent_id

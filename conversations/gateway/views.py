@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from asgiref.sync import sync_to_async
+import orjson
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
@@ -29,6 +29,7 @@ from compaction import services as compaction
 from compaction.estimate import Calibration
 from conversations.errors import ArborError
 from conversations.gateway import services, upstream, wire
+from conversations.gateway.dbthreads import on_db_thread
 from conversations.parts import NotJSON, strict_json
 from conversations.providers import ContextOverflow, ModelSpec, parse_overflow, resolve_model
 from conversations.services import api_token_authenticate
@@ -116,7 +117,7 @@ async def _user(request: HttpRequest) -> Any:
     secret = _credential(request)
     if not secret:
         return None
-    return await sync_to_async(api_token_authenticate)(secret=secret)
+    return await on_db_thread(api_token_authenticate)(secret=secret)
 
 
 def _spec(protocol: Protocol, model: Any) -> ModelSpec:
@@ -253,12 +254,31 @@ def _unauthorized(protocol: Protocol) -> JsonResponse:
     )
 
 
+# An integer too long for 64 bits, which orjson would read as a float, is found as a run
+# of twenty digits: every digit byte mapped to "0", every other byte to " " (C speed).
+_DIGIT_RUNS = bytes(ord("0") if ord("0") <= i <= ord("9") else ord(" ") for i in range(256))
+_LONG_INTEGER = b"0" * 20
+
+
+def _parse(raw: bytes) -> Any:
+    """The request body: orjson (a tenth of the time of a 300-message request with
+    Python's parser), which refuses NaN, Infinity and overflowing numbers as
+    ``strict_json`` does; Python's parser for what orjson refuses (its message names
+    the problem) and for long integers (kept exact)."""
+    if _LONG_INTEGER not in raw.translate(_DIGIT_RUNS):
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return strict_json(raw)
+
+
 def _prepare(protocol: Protocol, secret: str, headers: dict[str, str], raw: bytes) -> Prepared:
     user = api_token_authenticate(secret=secret)
     if user is None:
         raise _Unauthorized
     try:
-        body = strict_json(raw)
+        body = _parse(raw)
     except NotJSON as exc:
         raise ArborError(
             f"the request body is not valid JSON: {exc}", code="invalid_json"
@@ -472,7 +492,7 @@ async def _write_exchange(
     prep: Prepared, message: dict[str, Any], metadata: dict[str, Any]
 ) -> None:
     try:
-        await sync_to_async(_finish)(prep, message, metadata)
+        await on_db_thread(_finish)(prep, message, metadata)
     except Exception:  # the harness still gets its answer; its next request stores it
         log.exception("gateway: writing the exchange failed")
 
@@ -509,7 +529,7 @@ async def _prepared(protocol: Protocol, request: HttpRequest) -> Prepared | Http
     headers = {k.lower(): v for k, v in request.headers.items()}
     try:
         # One trip to the database thread: the token, the placement, what to send.
-        return await sync_to_async(_prepare)(protocol, secret, headers, raw_body)
+        return await on_db_thread(_prepare)(protocol, secret, headers, raw_body)
     except _Unauthorized:
         return _unauthorized(protocol)
     except ArborError as exc:
@@ -534,7 +554,7 @@ async def _send_upstream(
         raw = await response.aread()
         await response.aclose()
         overflow = _overflow_of(response.status_code, raw) if tries_left else None
-        retry = await sync_to_async(_recover)(prep, overflow) if overflow is not None else None
+        retry = await on_db_thread(_recover)(prep, overflow) if overflow is not None else None
         if retry is None:
             # Not an overflow, no way to recover, or the retry overflowed too: the
             # client sees the upstream's own error.
@@ -619,8 +639,8 @@ async def anthropic_count_tokens(request: HttpRequest) -> HttpResponse:
         )
     headers = {k.lower(): v for k, v in request.headers.items()}
     try:
-        spec = await sync_to_async(_spec)(ANTHROPIC, body.get("model"))
-        estimate = await sync_to_async(_count)(ANTHROPIC, user, body, headers)
+        spec = await on_db_thread(_spec)(ANTHROPIC, body.get("model"))
+        estimate = await on_db_thread(_count)(ANTHROPIC, user, body, headers)
     except ArborError as exc:
         return _arbor_error(ANTHROPIC, exc)
     url = upstream.url_for(spec, "/v1/messages/count_tokens", request.META.get("QUERY_STRING", ""))
@@ -654,7 +674,7 @@ async def openai_models(request: HttpRequest) -> HttpResponse:
         return _arbor_error(OPENAI, exc)
     if user is None:
         return _unauthorized(OPENAI)
-    data = await sync_to_async(_model_list)()
+    data = await on_db_thread(_model_list)()
     return JsonResponse({"object": "list", "data": data})
 
 

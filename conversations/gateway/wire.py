@@ -88,13 +88,30 @@ def anthropic_digest(message: Mapping[str, Any]) -> str:
     return hashlib.sha256(_json([message.get("role"), keys]).encode()).hexdigest()
 
 
+def chain_next(previous: str, digest: str) -> str:
+    """The key of a conversation whose key was ``previous``, after one more message."""
+    return hashlib.sha256(f"{previous}:{digest}".encode()).hexdigest()
+
+
+# (previous key, digest) -> key: a harness resends the same conversation every request,
+# so all but its newest steps were hashed before.
+_STEPS: dict[tuple[str, str], str] = {}
+_STEPS_MAX = 50_000
+
+
 def chain_keys(digests: Sequence[str], seed: str = CHAIN_SEED) -> list[str]:
     """``keys[i]`` hashes ``digests[0..i]``: the conversation up to message ``i``."""
     keys: list[str] = []
     previous = seed
     for digest in digests:
-        previous = hashlib.sha256(f"{previous}:{digest}".encode()).hexdigest()
-        keys.append(previous)
+        step = (previous, digest)
+        key = _STEPS.get(step)
+        if key is None:
+            if len(_STEPS) >= _STEPS_MAX:
+                _STEPS.clear()
+            key = _STEPS[step] = chain_next(previous, digest)
+        keys.append(key)
+        previous = key
     return keys
 
 
