@@ -56,7 +56,7 @@ class GatewayDatabaseThreadTests(TransactionTestCase):
 
     def test_an_integer_past_64_bits_stays_exact_and_nan_is_refused(self) -> None:
         big = 123456789012345678901234567890
-        messages = [
+        messages: list[dict[str, Any]] = [
             {"role": "user", "content": "Look it up."},
             {
                 "role": "assistant",
