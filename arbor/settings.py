@@ -249,4 +249,10 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    # The HTTP clients log every request at INFO: a line per model call (and per gateway
+    # request) says nothing the access log does not; their warnings still show.
+    "loggers": {
+        name: {"level": env_str("HTTP_CLIENT_LOG_LEVEL", "WARNING")}
+        for name in ("httpx", "httpx2", "httpcore", "httpcore2")
+    },
 }
