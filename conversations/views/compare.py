@@ -14,14 +14,20 @@ from conversations.views.common import HtmxHttpRequest, conversation_or_404, mes
 @login_required
 @require_GET
 def compare(request: HtmxHttpRequest, cid: str) -> HttpResponse:
-    """Two to four siblings, or two branches, side by side with a word diff; with fewer
-    than two chosen, a list of recent leaves to pick branches from."""
+    """Two to four siblings, or two branches, side by side with a word diff (``?view=
+    plain``: without); with fewer than two chosen, a list of recent leaves to pick
+    branches from."""
     conv = conversation_or_404(request, cid)
     ids = comparing.parse_ids(request.GET.getlist("m")[: comparing.MAX_CHOSEN])
     if ids is None:
         raise Http404("no such message")
     chosen = [message_or_404(conv, mid) for mid in ids]
-    comparison = comparing.compare(conversation=conv, chosen=chosen) if len(chosen) >= 2 else None
+    mode = request.GET.get("view", "diff")
+    if mode not in comparing.MODES:
+        mode = "diff"
+    comparison = (
+        comparing.compare(conversation=conv, chosen=chosen, mode=mode) if len(chosen) >= 2 else None
+    )
     return render(
         request,
         "conversations/compare.html",
@@ -31,5 +37,7 @@ def compare(request: HtmxHttpRequest, cid: str) -> HttpResponse:
             "chosen": {m.pk for m in chosen},
             "leaves": comparing.recent_leaves(conversation=conv),
             "version": conv.version,
+            "chosen_ids": [str(m.pk) for m in chosen],
+            "compare_modes": [("diff", "Differences"), ("plain", "Plain text")],
         },
     )
