@@ -45,8 +45,8 @@ ROW_H = 34  # a row is a finger's height: the whole row is the node's link
 LANE_W = 20
 PAD = 12
 MARK_W = 17  # three mark slots (checkpoint, fork, rewind) between lanes and labels
-LABEL_W = 330  # room for LABEL_CHARS of bold text, "tip · " included
-LABEL_CHARS = 36
+LABEL_W = 510  # room for LABEL_CHARS of bold text, "tip · " included
+LABEL_CHARS = 56
 
 
 # --- the plan: which rows are drawn -----------------------------------------------------
@@ -132,8 +132,7 @@ class GraphNode:
     # The marks, drawn (a font may lack ⚑ ⑂ ↶) in three slots: checkpoint, fork, rewind.
     @property
     def flag(self) -> str:
-        x, y = self.marks_x + 4, self.y
-        return f"M{x} {y + 7}V{y - 7}M{x} {y - 7}l9 3.5-9 3.5z"
+        return flag_path(self.marks_x + 4, self.y)
 
     @property
     def fork_x(self) -> int:
@@ -141,13 +140,11 @@ class GraphNode:
 
     @property
     def fork(self) -> str:
-        x, y = self.fork_x + 6, self.y
-        return f"M{x} {y + 7}V{y}M{x - 5} {y - 7}V{y - 4}L{x} {y}L{x + 5} {y - 4}V{y - 7}"
+        return fork_path(self.fork_x + 6, self.y)
 
     @property
     def rewind_sign(self) -> str:
-        x, y = self.marks_x + 2 * MARK_W + 2, self.y
-        return f"M{x} {y - 3}h6a4.5 4.5 0 0 1 0 9h-4M{x + 3} {y - 6}l-3 3 3 3"
+        return rewind_path(self.marks_x + 2 * MARK_W + 2, self.y)
 
     @property
     def dropped(self) -> bool:
@@ -200,6 +197,50 @@ class _Segment:
     lo: int
     hi: int = 0
     nodes: list[GraphNode] = field(default_factory=list)
+
+
+def flag_path(x: int, y: int) -> str:
+    """A checkpoint's flag, its pole at ``x``."""
+    return f"M{x} {y + 7}V{y - 7}M{x} {y - 7}l9 3.5-9 3.5z"
+
+
+def fork_path(x: int, y: int) -> str:
+    """A fork's Y, its stem at ``x``."""
+    return f"M{x} {y + 7}V{y}M{x - 5} {y - 7}V{y - 4}L{x} {y}L{x + 5} {y - 4}V{y - 7}"
+
+
+def rewind_path(x: int, y: int) -> str:
+    """A rewind's hooked arrow, starting at ``x``."""
+    return f"M{x} {y - 3}h6a4.5 4.5 0 0 1 0 9h-4M{x + 3} {y - 6}l-3 3 3 3"
+
+
+@dataclass(frozen=True)
+class LegendEntry:
+    kind: str  # CSS classes of the group (as a node's or a mark's)
+    path: str  # SVG path data in a 20 x 20 box
+    text: str
+    ring: str = ""  # the tip's ring, for the tip entry
+
+
+def legend() -> list[LegendEntry]:
+    """What the graph's symbols mean, drawn with the graph's own shapes and classes."""
+    return [
+        LegendEntry("user", _shape("message", "user", 10, 10), "user"),
+        LegendEntry("assistant", _shape("message", "assistant", 10, 10), "assistant"),
+        LegendEntry("tool", _shape("message", "tool", 10, 10), "tool result"),
+        LegendEntry("system", _shape("message", "system", 10, 10), "system"),
+        LegendEntry(
+            "user on-path",
+            _shape("message", "user", 10, 10),
+            "the tip (green: the current path)",
+            ring=_circle(10, 10, 9),
+        ),
+        LegendEntry("stub", _shape("stub", "", 10, 10), "a collapsed branch: open it"),
+        LegendEntry("run", _shape("run", "", 10, 10), "a quiet stretch, folded"),
+        LegendEntry("mark checkpoint", flag_path(6, 10), "checkpoint"),
+        LegendEntry("mark fork", fork_path(10, 10), "forked from here"),
+        LegendEntry("mark rewind", rewind_path(5, 10), "rewound here"),
+    ]
 
 
 def _circle(x: int, y: int, r: int) -> str:

@@ -66,8 +66,14 @@ class NoJavaScriptTests(LayoutTestCase):
         columns = page.locator(".compare-grid .compare-col")
         assert columns.count() == 2
         assert "A shorter loader." in columns.nth(0).inner_text()
-        assert page.locator(".compare-col ins").count() >= 1
+        # The two answers share few words: shown as they are, the second marked rewritten.
+        assert "rewritten" in columns.nth(1).inner_text()
+        assert page.locator(".compare-col:has(.badge.current) .version").count() == 1
         self.assert_links_are_real()
+        page.click(".compare-modes a:has-text('Plain text')")
+        page.wait_for_url(re.compile(rf"/c/{c}/compare/\?m=.*view=plain"))
+        assert page.locator(".compare-grid .compare-col").count() == 2
+        assert page.locator(".compare-grid ins, .compare-grid del, .rewritten").count() == 0
 
         # The version switch is a plain form: ◀ moves the tip and shows the chat.
         page.goto(self.url(f"/c/{c}/"))

@@ -9,6 +9,7 @@ import re
 
 from conversations import services
 from conversations.models import Conversation, Message
+from conversations.treegraph import LABEL_CHARS
 from conversations.treemap import ALTS_SHOWN, STRETCH_CHUNK
 from tests.builders import bulk_tree, comb, make_user, new_conversation, text
 from tests.test_browser_phone import PHONE
@@ -209,6 +210,49 @@ class TreeGraphTests(BrowserTestCase):
             page.locator(f"#gn-{first.pk} > a[hx-post] > title").text_content()
             == f"user: {hostile}"
         )
-        assert page.locator(f"#gn-{first.pk} text.label").text_content() == hostile[:35] + "…"
+        label = page.locator(f"#gn-{first.pk} text.label").text_content()
+        assert label == hostile[: LABEL_CHARS - 1] + "…"
         assert Conversation.objects.filter(owner=self.user).count() == 4
+        self.assert_clean()
+
+
+class ReadableMarksTests(BrowserTestCase):
+    """The graph explains its symbols, keeps longer labels, and the chat's fork badge and
+    Edit box are usable: an icon any font shows, a box the message's width."""
+
+    def test_legend_labels_fork_icon_and_a_wide_edit_box(self) -> None:
+        user = make_user("alice")
+        long_prompt = "Rename the quarterly loader and keep its old name as an alias"
+        conv, nodes = new_conversation(user, f"{long_prompt}>Done and both names work", title="T")
+        services.conversation_fork(message=nodes[long_prompt], owner=user, title="Side")
+        self.sign_in("alice")
+        page = self.page
+        page.set_viewport_size({"width": 1280, "height": 800})
+        page.goto(self.url(f"/c/{conv.pk}/tree/"))
+        legend = page.inner_text(".tg-legend")
+        for meaning in ("user", "assistant", "tool result", "the tip", "checkpoint", "forked"):
+            assert meaning in legend, legend
+        # Each entry draws its symbol with the graph's own classes.
+        fork_mark = page.locator(f"#gn-{nodes[long_prompt].pk} path.mark.fork")
+        legend_fork = page.locator(".tg-legend path.mark.fork")
+        assert fork_mark.get_attribute("d") and legend_fork.count() == 1
+        stroke = "el => getComputedStyle(el).stroke"
+        assert fork_mark.evaluate(stroke) == legend_fork.evaluate(stroke)
+        # A 56-character label is drawn whole.
+        label = page.locator(f"#gn-{nodes[long_prompt].pk} text.label").text_content() or ""
+        assert label.startswith("Rename the quarterly loader and keep its old name as"), label
+        self.shot("tree-legend")
+
+        page.goto(self.url(f"/c/{conv.pk}/"))
+        badge = page.locator("a.badge.fork").first
+        box = badge.locator("svg.icon").bounding_box()
+        assert box is not None and box["width"] >= 8 and box["height"] >= 8
+        assert "⑂" not in badge.inner_text() and "Side" in badge.inner_text()
+        message = page.locator(f"#msg-{nodes[long_prompt].pk}")
+        message.locator("details.edit > summary").click()
+        area = message.locator("details.edit textarea").bounding_box()
+        card = message.bounding_box()
+        assert area is not None and card is not None
+        assert area["width"] >= 0.8 * card["width"], (area["width"], card["width"])
+        page.screenshot(path=str(SCREENSHOTS / "chat-edit-open.png"), full_page=True)
         self.assert_clean()

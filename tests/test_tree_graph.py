@@ -313,7 +313,7 @@ class PageTests(TestCase):
         marked = marked[: marked.index("</g>")]
         assert '<path class="mark checkpoint"' in marked  # one live among them: not struck
         assert "⚑ base (model); ⚑ old · dropped: superseded" in marked
-        assert f'<a class="mark-link" href="/c/{fork.pk}/">' in marked and "⑂ Side" in marked
+        assert f'<a class="mark-link" href="/c/{fork.pk}/">' in marked and "Fork: Side" in marked
         digest = svg[svg.index(f'id="gn-{result.digest_message}"') :]
         digest = digest[: digest.index("</g>")]
         assert "↶ rewind to ⚑ base" in digest

@@ -20,7 +20,7 @@ from django.urls import reverse
 
 from conversations import selectors
 from conversations.models import Checkpoint, Conversation
-from conversations.treegraph import Graph, graph_layout
+from conversations.treegraph import Graph, graph_layout, legend
 from conversations.treemap import (
     ALTS_SHOWN,
     Gap,
@@ -119,6 +119,7 @@ def tree_context(
     return {
         "conversation": conv,
         "graph": graph,
+        "graph_legend": legend(),
         "graph_vals": json.dumps(
             {"version": str(conv.version), "open": [str(m) for m in graph.opened]}
         ),
