@@ -133,7 +133,9 @@ class IsolationTests(TransactionTestCase):
         mine = Conversation.objects.get(owner=self.gateway.user)
         count = Message.objects.filter(conversation=mine).count()
 
-        # Naming A's conversation in the header: refused like a missing one.
+        # Naming A's conversation in the header: refused like a missing one, before
+        # anything goes upstream (on Arbor's key).
+        forwarded = len(self.gateway.fake.requests)
         for header in (str(mine.pk), "00000000-0000-0000-0000-000000000000"):
             status, raw, _ = self.gateway.call(
                 "POST",
@@ -146,6 +148,7 @@ class IsolationTests(TransactionTestCase):
             )
             self.assertEqual(status, 404)
             self.assertEqual(json.loads(raw)["error"]["type"], "not_found_error")
+        self.assertEqual(len(self.gateway.fake.requests), forwarded)
         # The same session id and the same content land in B's own conversation.
         status, _, _ = self.gateway.call(
             "POST",

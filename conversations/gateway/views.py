@@ -12,6 +12,7 @@ reaches the client (so the harness's next request finds it stored).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -147,13 +148,26 @@ class Prepared:
     protocol: Protocol
     spec: ModelSpec
     exchange: services.Exchange
-    placement: services.Placement
+    user: Any
     raw_estimate: int
     body: bytes  # what goes upstream
+    conversation_id: str | None = None  # the X-Arbor-Conversation header
+    placement: services.Placement | None = None
+    # Placing the request in the tree while the upstream answers (see _prepared).
+    placing: asyncio.Future[None] | None = None
     forward: services.Forward | None = None
     attempts: list[bytes] = field(default_factory=list)
     estimate: int = 0
+    budget: int = 0
     learn: bool = True
+
+    async def placed(self) -> services.Placement:
+        """The request's place in the tree, once placing it has finished."""
+        if self.placing is not None:
+            placing, self.placing = self.placing, None
+            await placing
+        assert self.placement is not None, "the request was never placed"
+        return self.placement
 
 
 def _body_bytes(prep_body: dict[str, Any]) -> bytes:
@@ -310,25 +324,42 @@ def _prepare(protocol: Protocol, secret: str, headers: dict[str, str], raw: byte
         )
     except wire.WireError as exc:
         raise ArborError(str(exc), code="invalid_messages") from None
-    placement = services.placement_find(
-        user=user, exchange=exchange, conversation_id=headers.get(services.CONVERSATION_HEADER)
-    )
     calibration, reported = _calibration(spec.calibration_key)
     raw_estimate = exchange.raw_tokens(spec.image_billing)
-    budget = compaction.model_budget(spec, reported)
-    prep = Prepared(protocol, spec, exchange, placement, raw_estimate, raw)
+    prep = Prepared(protocol, spec, exchange, user, raw_estimate, raw)
+    prep.conversation_id = headers.get(services.CONVERSATION_HEADER) or None
+    prep.budget = compaction.model_budget(spec, reported)
     prep.estimate = calibration.apply(raw_estimate)
     # Far below the threshold the factor decides nothing: learn near it (and at first).
-    prep.learn = prep.estimate >= LEARN_SHARE * budget or calibration.samples < LEARN_FIRST
+    prep.learn = prep.estimate >= LEARN_SHARE * prep.budget or calibration.samples < LEARN_FIRST
     if body.get("model") != spec.model:
         prep.body = _body_bytes({**body, "model": spec.model})
-    # Under the threshold the request goes as it is: the ladder would send the originals
-    # (a record only ever stands for a request over it, and requests only grow until the
-    # harness rewinds, when its prefix changes anyway).
-    if prep.estimate > budget:
-        prep.forward = services.forward_build(placement=placement, exchange=exchange, spec=spec)
-        prep.body = _compacted_body(protocol, exchange, spec, prep.forward)
+    if _place_first(prep):
+        _place(prep)
     return prep
+
+
+def _place_first(prep: Prepared) -> bool:
+    """Whether the request must be placed before anything goes upstream: when it names
+    its conversation (another user's is refused, not forwarded) or must be compacted
+    (the ladder runs on the stored path). Otherwise it goes as the client sent it, and
+    is placed while the upstream answers."""
+    return prep.conversation_id is not None or prep.estimate > prep.budget
+
+
+def _place(prep: Prepared) -> None:
+    """Find the request's place in the tree; over the threshold, build what to send.
+    Under it the request goes as it is: the ladder would send the originals (a record
+    only ever stands for a request over it, and requests only grow until the harness
+    rewinds, when its prefix changes anyway)."""
+    prep.placement = services.placement_find(
+        user=prep.user, exchange=prep.exchange, conversation_id=prep.conversation_id
+    )
+    if prep.estimate > prep.budget:
+        prep.forward = services.forward_build(
+            placement=prep.placement, exchange=prep.exchange, spec=prep.spec
+        )
+        prep.body = _compacted_body(prep.protocol, prep.exchange, prep.spec, prep.forward)
 
 
 # The estimator's calibration per model, read at most every few seconds (this process
@@ -349,7 +380,9 @@ def _calibration(model_id: str) -> Any:
 
 def _recover(prep: Prepared, overflow: ContextOverflow) -> bytes | None:
     """After the upstream said the request was too long: compact from the originals
-    below the limit it reported. None when no smaller request can be made."""
+    below the limit it reported. None when no smaller request can be made. The request
+    is placed (``Prepared.placed``) before this runs."""
+    assert prep.placement is not None
     try:
         forward = services.forward_build(
             placement=prep.placement,
@@ -387,6 +420,7 @@ def _finish(prep: Prepared, answer: dict[str, Any], metadata: dict[str, Any]) ->
         _CALIBRATIONS.pop(prep.spec.calibration_key, None)
     services.record_measured(prep.forward, measured)
     metadata = {**metadata, "gateway_forwarded": _forwarded_summary(prep)}
+    assert prep.placement is not None  # placed before the exchange is written
     services.exchange_store(
         placement=prep.placement, exchange=prep.exchange, answer=answer, answer_metadata=metadata
     )
@@ -492,6 +526,7 @@ async def _write_exchange(
     prep: Prepared, message: dict[str, Any], metadata: dict[str, Any]
 ) -> None:
     try:
+        await prep.placed()
         await on_db_thread(_finish)(prep, message, metadata)
     except Exception:  # the harness still gets its answer; its next request stores it
         log.exception("gateway: writing the exchange failed")
@@ -528,12 +563,23 @@ async def _prepared(protocol: Protocol, request: HttpRequest) -> Prepared | Http
         )
     headers = {k.lower(): v for k, v in request.headers.items()}
     try:
-        # One trip to the database thread: the token, the placement, what to send.
-        return await on_db_thread(_prepare)(protocol, secret, headers, raw_body)
+        # One trip to a database thread: the token, the request read, and (when it must
+        # come first) its place in the tree and what to send.
+        prep = await on_db_thread(_prepare)(protocol, secret, headers, raw_body)
     except _Unauthorized:
         return _unauthorized(protocol)
     except ArborError as exc:
         return _arbor_error(protocol, exc)
+    if prep.placement is None:
+        # Placed while the upstream answers: the request goes out as it came.
+        prep.placing = asyncio.ensure_future(on_db_thread(_place)(prep))
+        prep.placing.add_done_callback(_log_failure)
+    return prep
+
+
+def _log_failure(placing: asyncio.Future[None]) -> None:
+    if not placing.cancelled() and placing.exception() is not None:
+        log.error("gateway: placing a request failed", exc_info=placing.exception())
 
 
 async def _send_upstream(
@@ -554,7 +600,14 @@ async def _send_upstream(
         raw = await response.aread()
         await response.aclose()
         overflow = _overflow_of(response.status_code, raw) if tries_left else None
-        retry = await on_db_thread(_recover)(prep, overflow) if overflow is not None else None
+        retry = None
+        if overflow is not None:
+            try:
+                await prep.placed()
+            except Exception:  # logged by _log_failure: relay the upstream's error
+                overflow = None
+            else:
+                retry = await on_db_thread(_recover)(prep, overflow)
         if retry is None:
             # Not an overflow, no way to recover, or the retry overflowed too: the
             # client sees the upstream's own error.
