@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.exception import convert_exception_to_response
 from django.utils.module_loading import import_string
@@ -24,6 +25,17 @@ GATEWAY_MIDDLEWARE = ("arbor.middleware.gateway_guard", "arbor.middleware.privat
 
 
 class GatewayHandler(ASGIHandler):
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if settings.ARBOR_GATEWAY_DB_THREADS <= 0:
+            await super().__call__(scope, receive, send)
+            return
+        # Django gives each request a thread of its own for its sync code (a
+        # ThreadSensitiveContext): a thread started and stopped per request. The
+        # gateway's views run their sync work on their own long-lived threads
+        # (conversations/gateway/dbthreads.py), so what is left here (the request
+        # signals' receivers) runs on asgiref's one shared thread instead.
+        await self.handle(scope, receive, send)
+
     def load_middleware(self, is_async: bool = False) -> None:
         # What BaseHandler.load_middleware builds from settings.MIDDLEWARE, from ours.
         assert is_async, "the gateway handler is ASGI only"

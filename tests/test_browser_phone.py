@@ -202,7 +202,7 @@ class PhoneLayoutTests(LayoutTestCase):
         self.use(PHONE, "root")
         page = self.page
         page.goto(self.url(f"/c/{self.conv.pk}/"))
-        self.fake.push(Step.reply("Streamed to the phone, word by word, " * 6))
+        self.fake.push(Step.reply("Streamed to the phone, word by word, " * 6, pace=0.02))
         page.locator("#composer textarea").tap()
         page.fill("#composer textarea", "Now add a test for it")
         page.locator("#composer button").tap()

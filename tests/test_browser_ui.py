@@ -146,7 +146,8 @@ class ChatTests(BrowserTestCase):
         page.wait_for_url(re.compile(r"/c/[0-9a-f-]+/$"))
         conv = Conversation.objects.get(title="Browser chat")
 
-        self.fake.push(Step.reply("Streaming answers arrive word by word, " * 6))
+        # Paced like a model, so the page shows the answer growing even on a busy machine.
+        self.fake.push(Step.reply("Streaming answers arrive word by word, " * 6, pace=0.02))
         page.fill("#composer textarea", "Tell me about **streams**")
         page.click("#composer button")
         page.wait_for_selector("#path .msg.assistant .md")  # the saved, rendered answer

@@ -1035,3 +1035,21 @@ def test_the_demo_servers_log_is_bounded() -> None:
         log = server.requests
     assert len(log) == SHARED_LOG_LIMIT
     assert "message 59" in json.dumps(log[-1].body)  # the newest are the ones kept
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_paced_stream_spreads_its_deltas_out(fake: FakeLLMServer, protocol: str) -> None:
+    # The fake paces its events like a model's tokens (the browser tests rely on seeing
+    # an answer grow): ten words 50 ms apart arrive over ~half a second, in order.
+    words = "one two three four five six seven eight nine ten"
+    fake.push(Step.reply(words, pace=0.05))
+    arrivals: list[float] = []
+    text = ""
+    with connect(fake, protocol) as provider:
+        for event in provider.stream(Request(messages=[user("go")])):
+            delta = getattr(event, "text", None)
+            if isinstance(delta, str) and delta:
+                arrivals.append(time.monotonic())
+                text += delta
+    assert text == words
+    assert len(arrivals) >= 5 and arrivals[-1] - arrivals[0] >= 0.3

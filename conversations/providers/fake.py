@@ -375,14 +375,16 @@ class Step:
     keepalive: float | None = None
     # Arbor's vocabulary (stop, length, tool_calls); mapped to each protocol's word.
     finish_reason: str | None = None
+    # Streams: seconds between two events, as a model's token pace spreads them out.
+    pace: float = 0.0
 
     @property
     def is_error(self) -> bool:
         return self.status >= 400
 
     @classmethod
-    def reply(cls, text: str, *, thinking: str = "", delay: float = 0.0) -> Step:
-        return cls(text=text, thinking=thinking, delay=delay)
+    def reply(cls, text: str, *, thinking: str = "", delay: float = 0.0, pace: float = 0.0) -> Step:
+        return cls(text=text, thinking=thinking, delay=delay, pace=pace)
 
     @classmethod
     def tools(cls, *calls: Mapping[str, Any], text: str = "") -> Step:
@@ -1189,6 +1191,8 @@ class FakeLLMServer:
                 if step.stall_after is not None and sent >= step.stall_after:
                     self._hang(handler, step)
                     return
+                if sent and step.pace and self._pause(step.pace):
+                    return  # the server is stopping
                 handler._sse(data, name)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client went away (a timeout, or a test that stopped reading)
