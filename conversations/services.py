@@ -7,6 +7,7 @@ it saw, and a stale one raises StaleVersion (HTTP 409) with nothing written.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import json
@@ -15,7 +16,7 @@ import secrets
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,10 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.files.base import ContentFile
 from django.core.files.storage import FileSystemStorage, default_storage
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection, models, transaction
 from django.db.models import Exists, F
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from PIL import Image, UnidentifiedImageError
 
 from arbor.heartbeat import Heartbeat
@@ -907,28 +909,67 @@ def api_token_create(
     return token, secret
 
 
+@functools.cache
+def _token_user_sql() -> str:
+    """The active user of a token hash, with the token's id, prefix and dates, in one
+    statement. Written out (from the models' own table and column names) because every
+    API and gateway request runs it: the ORM spent ~0.35 ms building the same query each
+    time, 25 times what running it costs."""
+    q = connection.ops.quote_name
+
+    def column(model: type[models.Model], name: str) -> str:
+        field = model._meta.get_field(name)
+        assert isinstance(field, models.Field) and field.column
+        return q(field.column)
+
+    t = {
+        f: column(ApiToken, f)
+        for f in ("id", "user", "token_hash", "prefix", "expires_at", "last_used_at")
+    }
+    return (
+        f"SELECT u.*, t.{t['id']} AS arbor_token_id, t.{t['prefix']} AS arbor_token_prefix,"
+        f" t.{t['expires_at']} AS arbor_token_expires,"
+        f" t.{t['last_used_at']} AS arbor_token_used"
+        f" FROM {q(User._meta.db_table)} u JOIN {q(ApiToken._meta.db_table)} t"
+        f" ON t.{t['user']} = u.{column(User, 'id')}"
+        f" WHERE t.{t['token_hash']} = %s AND u.{column(User, 'is_active')}"
+    )
+
+
+def _aware(value: Any) -> datetime | None:
+    """A date column read outside the ORM: SQLite gives text (UTC), PostgreSQL an aware
+    datetime."""
+    if value is None or isinstance(value, datetime):
+        return (
+            value if value is None or timezone.is_aware(value) else timezone.make_aware(value, UTC)
+        )
+    parsed = parse_datetime(str(value))
+    if parsed is None:  # pragma: no cover - a date column always parses
+        raise ValueError(f"not a date: {value!r}")
+    return parsed if timezone.is_aware(parsed) else timezone.make_aware(parsed, UTC)
+
+
 def api_token_authenticate(*, secret: str) -> User | None:
     """The active user a bearer secret stands for, or None for an unknown secret (or an
     inactive user). A known token past its expiry raises TokenExpired, so the client
     learns that a new token is needed rather than that the secret is wrong."""
-    token = (
-        ApiToken.objects.select_related("user")
-        .filter(token_hash=hashlib.sha256(secret.encode()).hexdigest(), user__is_active=True)
-        .first()
-    )
-    if token is None:
+    digest = hashlib.sha256(secret.encode()).hexdigest()
+    user = next(iter(User.objects.raw(_token_user_sql(), [digest])), None)
+    if user is None:
         return None
+    token = vars(user)  # the token's columns ride on the user row (arbor_token_*)
     now = timezone.now()
-    if token.expires_at is not None and token.expires_at <= now:
+    expires, used = _aware(token["arbor_token_expires"]), _aware(token["arbor_token_used"])
+    if expires is not None and expires <= now:
         raise TokenExpired(
-            f"the API token {token.prefix}… expired at {token.expires_at:%Y-%m-%d %H:%M} UTC;"
-            " create a new one in Settings"
+            f"the API token {token['arbor_token_prefix']}… expired at"
+            f" {expires:%Y-%m-%d %H:%M} UTC; create a new one in Settings"
         )
     # Record use at minute precision: a write on every request would double the cost of
     # each authenticated read.
-    if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
-        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
-    return token.user
+    if used is None or now - used > timedelta(minutes=1):
+        ApiToken.objects.filter(pk=token["arbor_token_id"]).update(last_used_at=now)
+    return user
 
 
 def api_token_revoke(*, user: User, token_id: int) -> None:

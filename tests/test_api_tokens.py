@@ -150,3 +150,34 @@ class ApiDocsTests(TestCase):
         assert response.status_code == 404
         assert "turned off" in response.json()["detail"]
         assert self.client.get("/api/docs").status_code == 404
+
+
+class TokenLookupTests(TestCase):
+    """``api_token_authenticate`` reads the token and its user in one query."""
+
+    def test_one_query_the_user_and_use_recorded_once_a_minute(self) -> None:
+        user = make_user("carol")
+        token, secret = services.api_token_create(user=user, name="t")
+        with self.assertNumQueries(2):  # the lookup, and the first use recorded
+            found = services.api_token_authenticate(secret=secret)
+        assert found is not None and found.pk == user.pk and found.username == "carol"
+        token.refresh_from_db()
+        assert token.last_used_at is not None
+        with self.assertNumQueries(1):  # used within the minute: nothing written
+            assert services.api_token_authenticate(secret=secret) == user
+        ApiToken.objects.filter(pk=token.pk).update(
+            last_used_at=timezone.now() - timedelta(minutes=5)
+        )
+        with self.assertNumQueries(2):
+            services.api_token_authenticate(secret=secret)
+        token.refresh_from_db()
+        assert token.last_used_at > timezone.now() - timedelta(minutes=1)
+
+    def test_unknown_inactive_and_not_yet_expired(self) -> None:
+        user = make_user("dave")
+        _, secret = services.api_token_create(user=user, name="t", expires_in=timedelta(days=1))
+        assert services.api_token_authenticate(secret=secret) == user  # expires tomorrow
+        assert services.api_token_authenticate(secret=secret + "x") is None
+        user.is_active = False
+        user.save(update_fields=["is_active"])
+        assert services.api_token_authenticate(secret=secret) is None
