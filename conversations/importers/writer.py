@@ -157,6 +157,11 @@ def conversation_write(
         fields: dict[str, Any] = {"tip_id": tip, "version": 1 if tip else 0}
         if built.created_at is not None:
             fields["created_at"] = built.created_at
+        # Its own last activity, not the moment of the import: the list shows (and sorts
+        # by) the date the conversation last moved in the tool it came from.
+        last = max((m.node.created_at for m in built.messages if m.node.created_at), default=None)
+        if last is not None:
+            fields["updated_at"] = max(last, built.created_at or last)
         Conversation.objects.filter(pk=conversation.pk).update(**fields)
         Checkpoint.objects.bulk_create(
             [
