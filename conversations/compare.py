@@ -114,7 +114,6 @@ def _fill_cells(columns: list[Column], segments: list[list[Message]], *, diff: b
     column's (and the first column marked with what the second removed)."""
     base = [readable_text(m.parts) for m in segments[0][:MAX_ROWS]]
     first_cells: list[SafeString] = [escape(text) for text in base]
-    first_rewritten = [False] * len(base)
     for index, (column, segment) in enumerate(zip(columns, segments, strict=True)):
         shown, column.more = segment[:MAX_ROWS], max(0, len(segment) - MAX_ROWS)
         for row, message in enumerate(shown):
@@ -130,16 +129,15 @@ def _fill_cells(columns: list[Column], segments: list[list[Message]], *, diff: b
                 max(len(a), len(b)) >= REWRITE_MIN_WORDS
                 and SequenceMatcher(a=a, b=b, autojunk=False).ratio() < REWRITE_BELOW
             ):
+                # Marked on the rewrite; the first column's cell stays as it is.
                 column.cells.append(Cell(message, escape(text), rewritten=True))
-                if index == 1:
-                    first_rewritten[row] = True
                 continue
             old, new = word_diff(base[row], text)
             if index == 1:
                 first_cells[row] = old  # the first column shows what the second removed
             column.cells.append(Cell(message, new))
     for row, cell in enumerate(columns[0].cells):
-        cell.text, cell.rewritten = first_cells[row], first_rewritten[row]
+        cell.text = first_cells[row]
 
 
 def _label(

@@ -11,6 +11,7 @@ the last common message: a new branch, nothing hidden or deleted.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -94,7 +95,8 @@ _CACHE_SIZE = 20_000
 def _remember(cache: OrderedDict[Any, Any], key: Any, value: Any) -> Any:
     cache[key] = value
     if len(cache) > _CACHE_SIZE:
-        cache.popitem(last=False)
+        with contextlib.suppress(KeyError):  # emptied by another thread meanwhile
+            cache.popitem(last=False)
     return value
 
 
@@ -159,7 +161,9 @@ def _digest_of(message: Mapping[str, Any], to_digest: Any) -> str:
     if found is None:
         found = _remember(_DIGEST_CACHE, exact, to_digest(message))
     else:
-        _DIGEST_CACHE.move_to_end(exact)
+        # Requests are read on several threads: another may have evicted it meanwhile.
+        with contextlib.suppress(KeyError):
+            _DIGEST_CACHE.move_to_end(exact)
     return found
 
 
