@@ -50,11 +50,38 @@ def _marks(conv: Conversation) -> tuple[ChatMarks, list[Conversation]]:
     return ChatMarks(checkpoints, forks, spawned), fork_list
 
 
+# The first line of a rewind's digest as the model reads it (services.checkpoint_rewind):
+# the chat shows it as a badge with a link instead of the raw message id.
+_DIGEST_HEADER = "[Rewound to checkpoint "
+
+
+def _rewind(m: Message) -> tuple[dict[str, Any] | None, list[dict[str, Any]] | None]:
+    """For a rewind's digest: its checkpoint and the explored branch's tip (the badge),
+    and its parts without the header line; (None, None) for any other message."""
+    if m.origin != "digest":
+        return None, None
+    abandoned = m.metadata.get("abandoned_tip")
+    try:
+        tip = uuid.UUID(abandoned) if isinstance(abandoned, str) else None
+    except ValueError:
+        tip = None
+    mark = {"label": m.metadata.get("checkpoint", ""), "abandoned_tip": tip}
+    parts = list(m.parts)
+    first = parts[0] if parts else {}
+    text = first.get("text") if first.get("type") == "text" else None
+    if isinstance(text, str) and text.startswith(_DIGEST_HEADER):
+        parts[0] = {**first, "text": text.partition("\n")[2]}
+    return mark, parts
+
+
 def _row(m: Message, sib: Siblings | None, marks: ChatMarks) -> dict[str, Any]:
     """One message of the chat with its neighbours among its versions and its marks."""
     index = sib.index if sib else 0
     ids = sib.ids if sib else []
+    rewind, parts = _rewind(m)
     return {
+        "rewind": rewind,
+        "parts": parts,  # what to show when not the message's own parts (a digest's)
         "m": m,
         "sib": sib,
         "sib_n": index + 1 if sib else 0,
