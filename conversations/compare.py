@@ -68,10 +68,6 @@ class Column:
     model: str = ""  # the model that wrote the branch's answer, when known
     current: bool = False  # the conversation's current path runs through this branch
 
-    @property
-    def first(self) -> Message | None:
-        return self.cells[0].message if self.cells else None
-
 
 @dataclass
 class Comparison:

@@ -18,6 +18,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import orjson
+
 from conversations.errors import InvalidInput
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -403,7 +405,22 @@ def finite_float(text: str) -> float:
     return value
 
 
+# An integer too long for 64 bits, which orjson would read as a float, shows as a run of
+# twenty digits: every digit byte mapped to "0", every other byte to " " (C speed).
+_DIGIT_RUNS = bytes(ord("0") if ord("0") <= i <= ord("9") else ord(" ") for i in range(256))
+_LONG_INTEGER = b"0" * 20
+
+
 def strict_json(raw: str | bytes) -> Any:
     """``json.loads`` that refuses NaN and Infinity, spelt out or overflowing (NotJSON,
-    a ValueError)."""
+    a ValueError).
+
+    Bytes go through orjson first (a tenth of the time on a large body: every API and
+    gateway request), which refuses the same numbers; Python's parser reads what orjson
+    refuses (so its message names the problem) and long integers (kept exact)."""
+    if isinstance(raw, bytes) and _LONG_INTEGER not in raw.translate(_DIGIT_RUNS):
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
     return json.loads(raw, parse_constant=reject_constant, parse_float=finite_float)

@@ -150,3 +150,20 @@ def test_chain_keys_are_the_same_cached_or_not() -> None:
         assert key == previous
     # A different history never shares a key with this one.
     assert not set(wire.chain_keys(["x", *digests[1:]])) & set(first)
+
+
+def test_strict_json_is_the_same_for_bytes_and_text() -> None:
+    from conversations.parts import NotJSON, strict_json
+
+    big = "123456789012345678901234567890"
+    document = '{"n": ' + big + ', "f": 1.5, "s": "\\u00e9", "neg": -7}'
+    for raw in (document, document.encode()):
+        value = strict_json(raw)
+        assert value == {"n": int(big), "f": 1.5, "s": "é", "neg": -7}
+        assert isinstance(value["n"], int)  # exact, not a float
+    for bad in (b'{"x": NaN}', b"[Infinity]", b"[1e400]", b"[-1e400]"):
+        try:
+            strict_json(bad)
+        except NotJSON:
+            continue
+        raise AssertionError(f"{bad!r} was accepted")
