@@ -12,6 +12,7 @@ from arbor.env import (
     ImproperlyConfiguredEnv,
     database_from_url,
     env_bool,
+    env_float,
     env_int,
     env_list,
     env_str,
@@ -243,6 +244,10 @@ ARBOR_DEFAULT_MODEL = env_str("ARBOR_DEFAULT_MODEL", "fake/demo" if DEBUG else "
 ARBOR_MAX_TOOL_ROUNDS = env_int("ARBOR_MAX_TOOL_ROUNDS", 8)
 # A "running" attempt whose heartbeat is older than this is treated as interrupted.
 ARBOR_ATTEMPT_STALE_SECONDS = env_int("ARBOR_ATTEMPT_STALE_SECONDS", 300)
+# How often a running turn looks whether Stop was pressed (a read on its own thread),
+# and at most how often it records what it has streamed so far for a reloaded chat.
+ARBOR_TURN_STOP_POLL_SECONDS = env_float("ARBOR_TURN_STOP_POLL_SECONDS", 0.3)
+ARBOR_TURN_LIVE_SECONDS = env_float("ARBOR_TURN_LIVE_SECONDS", 0.5)
 
 LOGGING = {
     "version": 1,

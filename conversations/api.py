@@ -31,6 +31,7 @@ from conversations.schemas import (
     RegenerateIn,
     RewindIn,
     RewindOut,
+    StopOut,
     TipIn,
     TipOut,
     TreePageOut,
@@ -326,6 +327,7 @@ def _chat_out(outcome: turns.TurnOutcome) -> dict[str, Any]:
         "tip": outcome.tip,
         "version": outcome.version,
         "message_ids": outcome.message_ids,
+        "stopped": outcome.stopped,
     }
 
 
@@ -340,6 +342,16 @@ def retry(request: HttpRequest, cid: str, stream: bool = False) -> Any:
     if stream:
         return event_stream_primed(request, events)
     return Status(201, _chat_out(turns.turn_drain(events)))
+
+
+@router.post("/conversations/{cid}/stop", response={202: StopOut}, tags=["chat"])
+def stop(request: HttpRequest, cid: str, attempt: uuid.UUID | None = None) -> Any:
+    """Stop the conversation's running turn (``attempt``, else every one running),
+    whichever process runs it: the model's request is cut, and the turn is written with
+    what streamed of its answer, marked ``metadata.stopped``; its own stream ends with
+    ``done`` and ``stopped: true``. 409 ``nothing_running`` when no turn runs."""
+    conv = selectors.conversation_get(user=_user(request), conversation_id=cid)
+    return Status(202, {"stopping": turns.turn_stop(conversation=conv, attempt_id=attempt)})
 
 
 # --- checkpoints and rewind ----------------------------------------------------------

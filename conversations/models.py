@@ -254,6 +254,13 @@ class TurnAttempt(models.Model):
     )
     created_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Someone asked the running turn to stop (from any process): its run sees this, cuts
+    # the model's request and writes what streamed so far as a stopped answer.
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    # What the running turn has streamed so far ({"text", "tools"}), written every
+    # fraction of a second while it runs: a reloaded chat shows it and follows it. Not
+    # the transcript: the turn's messages are written whole at its end.
+    live = models.JSONField(default=dict, blank=True)
 
     class Meta:
         indexes = [

@@ -222,3 +222,9 @@ class ChatOut(Schema):
     tip: uuid.UUID
     version: int
     message_ids: list[uuid.UUID]
+    # Stop was asked while it ran: the last answer is what streamed until then.
+    stopped: bool = False
+
+
+class StopOut(Schema):
+    stopping: list[uuid.UUID]

@@ -13,8 +13,9 @@ import io
 import json
 import os
 import secrets
+import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -393,6 +394,28 @@ def turn_attempt_heartbeat(*, attempt: TurnAttempt) -> None:
         TurnAttempt.objects.filter(pk=attempt.pk).update(heartbeat_at=now)
 
 
+def turn_attempt_live(*, attempt: TurnAttempt, live: dict[str, Any]) -> None:
+    """Record what the running turn has streamed so far: a chat reloaded mid-answer shows
+    it and follows it (``TurnAttempt.live``). The transcript is not touched."""
+    TurnAttempt.objects.filter(pk=attempt.pk, status=AttemptStatus.RUNNING).update(live=live)
+
+
+def turn_attempt_stop_watch(*, attempt: TurnAttempt, on_stop: Callable[[], object]) -> Heartbeat:
+    """Looks, every ARBOR_TURN_STOP_POLL_SECONDS on a thread of its own, whether someone
+    asked the running attempt to stop (from any process), and calls ``on_stop`` once when
+    they did: the run may be blocked reading a silent model, so it cannot look itself.
+    Only reads: it never waits on a lock the turn holds. Use it as ``with``."""
+    asked = TurnAttempt.objects.filter(pk=attempt.pk, stop_requested_at__isnull=False)
+    seen = threading.Event()
+
+    def look() -> None:
+        if not seen.is_set() and asked.exists():
+            seen.set()
+            on_stop()
+
+    return Heartbeat(look, settings.ARBOR_TURN_STOP_POLL_SECONDS, name="arbor-turn-stop")
+
+
 def turn_attempt_rebase(*, attempt: TurnAttempt, parent_id: uuid.UUID) -> None:
     """The model rewound mid-turn and its digest is committed: a retry of a failure after
     this point continues from ``parent_id`` (the digest), not from scratch."""
@@ -415,6 +438,7 @@ def turn_attempt_finish(
         error_text=text,
         result_tip_id=tip,
         finished_at=timezone.now(),
+        live={},  # what streamed is in the transcript now, or was let go with the turn
     )
 
 

@@ -35,16 +35,21 @@ def sse(event: TurnEvent) -> bytes:
     return f"event: {name}\ndata: {data}\n\n".encode()
 
 
-def _threaded(produce: Callable[[], Iterator[TurnEvent]]) -> AsyncIterator[bytes]:
+def _threaded(
+    produce: Callable[[], Iterator[TurnEvent]], *, ends_with_client: bool
+) -> AsyncIterator[bytes]:
     handoff: queue.Queue[Any] = queue.Queue()
-    # Set when the client goes away: the turn still runs to its end and is persisted (a
-    # reload shows the answer), but its events are no longer queued.
+    # Set when the client goes away: a turn still runs to its end and is persisted (a
+    # reload shows the answer), but its events are no longer queued; a stream that only
+    # watches (``ends_with_client``) ends there.
     gone = threading.Event()
 
     def run() -> None:
         close_old_connections()
         try:
             for event in produce():
+                if gone.is_set() and ends_with_client:
+                    break
                 if not gone.is_set():
                     handoff.put(sse(event))
         except Exception as exc:  # the engine recorded it on the attempt already
@@ -74,11 +79,20 @@ def _sync(produce: Callable[[], Iterator[TurnEvent]]) -> Iterator[bytes]:
 
 
 def event_stream(
-    request: HttpRequest, produce: Callable[[], Iterator[TurnEvent]]
+    request: HttpRequest,
+    produce: Callable[[], Iterator[TurnEvent]],
+    *,
+    ends_with_client: bool = False,
 ) -> StreamingHttpResponse:
     """Stream a turn's events. ``produce`` starts the engine (input was already
-    validated, so errors from here on arrive as ``error`` events)."""
-    body = _threaded(produce) if isinstance(request, ASGIRequest) else _sync(produce)
+    validated, so errors from here on arrive as ``error`` events). A stream that only
+    watches a turn run elsewhere says ``ends_with_client``: it stops when its client
+    goes away, where a turn runs on to its end."""
+    body: AsyncIterator[bytes] | Iterator[bytes] = (
+        _threaded(produce, ends_with_client=ends_with_client)
+        if isinstance(request, ASGIRequest)
+        else _sync(produce)
+    )
     response = StreamingHttpResponse(body, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # tell proxies not to buffer the stream

@@ -9,10 +9,18 @@ The run is a generator of events, in the order the API streams them: ``resume`` 
 ``context`` before a request, ``delta``/``thinking``/``tool_call`` while it streams,
 ``compacted`` after an overflow, ``tool_result`` and ``rewind`` after it, and last
 ``done`` or ``error``.
+
+Stop (``turns.turn_stop``, from any process) is seen by a watcher thread, which cuts the
+model's request at once; the run then writes the turn so far with what streamed of the
+answer, marked ``stopped`` — a clean boundary: a tool call the model had not finished
+is dropped, never left unanswered. While it runs, what streamed is recorded on the
+attempt (``live``) every ARBOR_TURN_LIVE_SECONDS, so a reloaded chat can follow it.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
@@ -51,6 +59,10 @@ from conversations.providers import (
 from conversations.tools import ToolContext, run_tool, tools_for
 
 Event = dict[str, Any]
+
+
+class _Stopped(Exception):
+    """Someone asked the turn to stop: it ends with what it has."""
 
 
 class TurnRun:
@@ -93,13 +105,25 @@ class TurnRun:
         # moves the turn's parent): every round adds only the turn in memory to it.
         self._archived: compaction.Archived | None = None
         self._archived_at: uuid.UUID | None = None
+        # Stop: set by the watcher thread, which also cuts the provider's request.
+        self.stopping = threading.Event()
+        self.provider: Provider | None = None
+        # What the client saw stream (every round's text, the tools called) and the
+        # current round's text, which a stop keeps as the partial answer.
+        self.live_text: list[str] = []
+        self.live_tools: list[str] = []
+        self.round_text: list[str] = []
+        self._live_at = 0.0
 
     # --- the attempt's lifecycle ----------------------------------------------------
 
     def events(self) -> Iterator[Event]:
         """Everything after the ``attempt`` event, ending with ``done`` or ``error``; the
         attempt ends with the run however it ends, its lease renewed until then."""
-        with services.turn_attempt_lease(attempt=self.attempt):
+        with (
+            services.turn_attempt_lease(attempt=self.attempt),
+            services.turn_attempt_stop_watch(attempt=self.attempt, on_stop=self._on_stop),
+        ):
             try:
                 yield from self._run()
             except (ProviderError, ArborError) as exc:
@@ -115,6 +139,12 @@ class TurnRun:
                     # written to the transcript; the attempt stays retryable.
                     self._fail(code="interrupted", text="stream closed")
 
+    def _on_stop(self) -> None:
+        """Stop was asked (on the watcher's thread): cut the request in flight."""
+        self.stopping.set()
+        if self.provider is not None:
+            self.provider.cancel()
+
     def _fail(self, *, code: str, text: str) -> None:
         services.turn_attempt_finish(
             attempt=self.attempt, status=AttemptStatus.FAILED, code=code, text=text
@@ -123,8 +153,16 @@ class TurnRun:
 
     def _run(self) -> Iterator[Event]:
         self.tool_specs = tools_for(self.conversation)
-        with self.open_provider() as provider:
-            yield from self._rounds(provider)
+        stopped = False
+        try:
+            with self.open_provider() as provider:
+                self.provider = provider
+                if self.stopping.is_set():  # asked before the provider was open
+                    provider.cancel()
+                yield from self._rounds(provider)
+        except _Stopped:
+            stopped = True
+            self.turn.append(self._stopped_answer())
         result = self._persist()
         compaction.compaction_enqueue_if_due(
             conversation=self.conversation,
@@ -140,6 +178,17 @@ class TurnRun:
             "tip": str(result.tip),
             "version": result.version,
             "message_ids": self.persisted + [str(mid) for mid in result.message_ids],
+            "stopped": stopped,
+        }
+
+    def _stopped_answer(self) -> dict[str, Any]:
+        """The answer as far as it streamed, marked as stopped. Only its text: a tool
+        call cut short is not kept (it would be a call without a result), nor a thinking
+        block without its signature."""
+        return {
+            "role": "assistant",
+            "parts": [{"type": "text", "text": "".join(self.round_text)}],
+            "metadata": {"stopped": True},
         }
 
     def _persist(self) -> services.TurnResult:
@@ -166,6 +215,9 @@ class TurnRun:
     def _rounds(self, provider: Provider) -> Iterator[Event]:
         """Ask the model until it answers without tool calls, or the rounds run out."""
         for round_number in range(settings.ARBOR_MAX_TOOL_ROUNDS + 1):
+            if self.stopping.is_set():
+                self.round_text = []  # stopped between rounds: nothing of a new answer
+                raise _Stopped
             # The last round keeps the tool definitions (a history with tool calls needs
             # them) but lets the model call none, so the turn ends on an answer.
             last_round = round_number == settings.ARBOR_MAX_TOOL_ROUNDS
@@ -247,14 +299,36 @@ class TurnRun:
             tool_choice="none" if last_round else None,
         )
         reply: Reply | None = None
-        for event in provider.stream(request):
-            services.turn_attempt_heartbeat(attempt=self.attempt)
-            if isinstance(event, Done):
-                reply = event.reply
-            elif (shown := _stream_event(event)) is not None:
-                yield shown
+        self.round_text = []
+        try:
+            for event in provider.stream(request):
+                services.turn_attempt_heartbeat(attempt=self.attempt)
+                if self.stopping.is_set():
+                    raise _Stopped
+                if isinstance(event, Done):
+                    reply = event.reply
+                elif (shown := _stream_event(event)) is not None:
+                    self._watched(event)
+                    yield shown
+        except ProviderError:
+            if self.stopping.is_set():  # the watcher cut the request
+                raise _Stopped from None
+            raise
         assert reply is not None  # stream() raises rather than end without Done
         return reply
+
+    def _watched(self, event: StreamEvent) -> None:
+        """Keep what the client saw stream; record it on the attempt now and then."""
+        if isinstance(event, TextDelta):
+            self.live_text.append(event.text)
+            self.round_text.append(event.text)
+        elif isinstance(event, ToolCallStarted):
+            self.live_tools.append(event.name)
+        now = time.monotonic()
+        if now - self._live_at >= settings.ARBOR_TURN_LIVE_SECONDS:
+            self._live_at = now
+            live = {"text": "".join(self.live_text), "tools": list(self.live_tools)}
+            services.turn_attempt_live(attempt=self.attempt, live=live)
 
     # --- tools --------------------------------------------------------------------------
 

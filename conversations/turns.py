@@ -15,6 +15,7 @@ watch it.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from conversations.turn_engine import TurnRun
 # provider, so a bench (or a test) swaps the provider by setting ``turns.make_provider``.
 __all__ = [
     "NothingLoaded",
+    "NothingRunning",
     "NothingToRetry",
     "TurnFailed",
     "TurnInProgress",
@@ -54,10 +56,14 @@ __all__ = [
     "retry_target",
     "turn_drain",
     "turn_events",
+    "turn_follow",
     "turn_run",
+    "turn_running",
+    "turn_stop",
 ]
 
 _AT_TIP: Any = object()
+FOLLOW_KEEPALIVE_SECONDS = 5.0
 
 
 class NothingLoaded(NotFound):
@@ -79,6 +85,7 @@ class TurnOutcome:
     version: int
     message_ids: list[uuid.UUID]
     resume: ResumeReport = field(default_factory=ResumeReport)
+    stopped: bool = False
 
 
 # --- attempts ------------------------------------------------------------------------
@@ -94,6 +101,74 @@ def attempt_is_stale(attempt: TurnAttempt) -> bool:
         return True
     limit = timedelta(seconds=settings.ARBOR_ATTEMPT_STALE_SECONDS)
     return timezone.now() - attempt.heartbeat_at > limit
+
+
+class NothingRunning(Conflict):
+    code = "nothing_running"
+
+
+def turn_running(*, conversation: Conversation) -> list[TurnAttempt]:
+    """The conversation's turns running now, newest first (a stale one is not: its
+    process is gone, and retry offers to run it again)."""
+    running = TurnAttempt.objects.filter(
+        conversation=conversation, status=AttemptStatus.RUNNING
+    ).order_by("-created_at")
+    return [a for a in running if not attempt_is_stale(a)]
+
+
+def turn_stop(*, conversation: Conversation, attempt_id: Any = None) -> list[uuid.UUID]:
+    """Ask the conversation's running turn (``attempt_id``, else every one) to stop,
+    whichever process runs it: the run cuts the model's request and writes what
+    streamed as a partial answer marked ``stopped``. Returns the attempts asked;
+    NothingRunning when no turn is running (or only one whose process is gone)."""
+    asked = [
+        a.pk
+        for a in turn_running(conversation=conversation)
+        if attempt_id is None or str(a.pk) == str(attempt_id)
+    ]
+    if not asked:
+        raise NothingRunning("no turn is running in this conversation")
+    TurnAttempt.objects.filter(pk__in=asked, stop_requested_at__isnull=True).update(
+        stop_requested_at=timezone.now()
+    )
+    return asked
+
+
+def turn_follow(*, attempt_id: uuid.UUID) -> Iterator[dict[str, Any]]:
+    """Follow a running turn from another request (a chat reloaded mid-answer): a
+    ``live`` event with everything streamed so far whenever it grew, read from the
+    attempt's row every ARBOR_TURN_STOP_POLL_SECONDS, whichever process runs the turn;
+    last ``done`` (with ``stopped``) or ``error`` when the attempt ended or its process
+    died."""
+    rows = TurnAttempt.objects.filter(pk=attempt_id)
+    shown: Any = None
+    quiet_since = time.monotonic()
+    while True:
+        attempt = rows.first()
+        if attempt is None:  # deleted with its conversation
+            yield {"event": "error", "error": "not_found", "detail": "the turn is gone"}
+            return
+        if attempt.status == AttemptStatus.RUNNING and attempt_is_stale(attempt):
+            yield {"event": "error", "error": "interrupted", "detail": "the turn's process stopped"}
+            return
+        if attempt.status == AttemptStatus.COMPLETED:
+            stopped = attempt.stop_requested_at is not None
+            yield {"event": "done", "attempt": str(attempt.pk), "stopped": stopped}
+            return
+        if attempt.status == AttemptStatus.FAILED:
+            text = attempt.error_text or attempt.error_code
+            yield {"event": "error", "error": attempt.error_code, "detail": text}
+            return
+        if attempt.live != shown:
+            shown = attempt.live
+            quiet_since = time.monotonic()
+            yield {"event": "live", "text": "", "tools": [], **attempt.live}
+        elif time.monotonic() - quiet_since > FOLLOW_KEEPALIVE_SECONDS:
+            # A model (or a tool) silent for a while: a sign of life, so a client that
+            # went away is noticed and this stream ends with it.
+            quiet_since = time.monotonic()
+            yield {"event": "waiting"}
+        time.sleep(settings.ARBOR_TURN_STOP_POLL_SECONDS)
 
 
 # --- running a turn ------------------------------------------------------------------
@@ -243,6 +318,7 @@ def turn_drain(events: Iterator[dict[str, Any]]) -> TurnOutcome:
         tip=uuid.UUID(outcome["tip"]),
         version=outcome["version"],
         message_ids=[uuid.UUID(m) for m in outcome["message_ids"]],
+        stopped=bool(outcome.get("stopped")),
     )
 
 

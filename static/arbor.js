@@ -118,11 +118,79 @@
     }
   }
 
+  function showLive(answer, payload) {
+    var out = answer.querySelector(".live-text");
+    if (out) out.textContent = payload.text || "";
+    Array.prototype.forEach.call(answer.querySelectorAll(".live-tool"), function (n) { n.remove(); });
+    (payload.tools || []).forEach(function (name) {
+      var note = document.createElement("div");
+      note.className = "live-tool";
+      note.textContent = "⚙ " + name + "…";
+      answer.appendChild(note);
+    });
+  }
+
+  // A chat opened (or reloaded) while its turn runs in another request: follow what
+  // that turn streams, then show the saved turn.
+  var following = null;
+  function follow() {
+    var answer = document.getElementById("live-answer");
+    var url = answer && answer.getAttribute("data-live-url");
+    if (!url || !window.EventSource || following) return;
+    var source = new EventSource(url);
+    following = source;
+    function end() {
+      source.close();
+      following = null;
+      refreshChat();
+    }
+    source.addEventListener("live", function (event) {
+      try { showLive(answer, JSON.parse(event.data)); } catch (e) { /* a torn event: wait for the next */ }
+    });
+    source.addEventListener("done", end);
+    source.addEventListener("error", function (event) {
+      // The server's own "error" event carries data; the browser's (the connection
+      // failed) has none and reconnects by itself, unless the stream is closed for good.
+      if (event.data || source.readyState === EventSource.CLOSED) end();
+    });
+  }
+  document.addEventListener("DOMContentLoaded", follow);
+  document.addEventListener("htmx:load", function (event) {
+    if (event.target && event.target.id === "chat") follow();
+  });
+
+  // Stop: the running turn keeps what streamed as a partial answer; its stream (or the
+  // one following it) then ends and the chat shows the saved turn.
+  async function stop(form) {
+    var button = form.querySelector("button");
+    if (button) { button.disabled = true; button.textContent = "Stopping…"; }
+    try {
+      var response = await fetch(form.action, {
+        method: "POST",
+        body: new FormData(form),
+        credentials: "same-origin",
+        headers: { "X-CSRFToken": csrfToken(), Accept: "application/json" },
+      });
+      if (!response.ok && button) {
+        var body = await response.json().catch(function () { return {}; });
+        button.textContent = "Stop";
+        button.disabled = false;
+        button.title = body.detail || "Stop failed";
+      }
+    } catch (e) {
+      if (button) { button.textContent = "Stop"; button.disabled = false; }
+    }
+  }
+
   document.addEventListener("submit", function (event) {
     var form = event.target;
-    if (form instanceof HTMLFormElement && form.hasAttribute("data-stream")) {
+    if (!(form instanceof HTMLFormElement)) return;
+    if (form.hasAttribute("data-stream")) {
       event.preventDefault();
       stream(form);
+    } else if (form.hasAttribute("data-stop")) {
+      event.preventDefault();
+      stop(form);
     }
   });
 

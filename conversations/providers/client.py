@@ -14,12 +14,15 @@ is left into the errors in errors.py.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import functools
 import logging
 import os
+import socket
 import ssl
 import time
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -150,7 +153,33 @@ class DeadlineTransport(httpx2.HTTPTransport):
     deadline_at: float | None = None
     first_byte: float | None = None
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # The sockets this transport opened, so that ``cancel`` can cut them from
+        # another thread: closing the client does not wake a thread blocked reading.
+        self._streams: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """Cut the call in progress, from any thread: its blocked read fails at once,
+        and any later request (an SDK retry) fails before it is sent."""
+        self.cancelled = True
+        for stream in list(self._streams):
+            sock = stream.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def _trace(self, event: str, info: dict[str, Any]) -> None:
+        if event in ("connection.connect_tcp.complete", "connection.connect_unix_socket.complete"):
+            stream = info.get("return_value")
+            if stream is not None:
+                self._streams.add(stream)
+
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        if self.cancelled:
+            raise httpx2.ConnectError("the call was cancelled", request=request)
+        request.extensions["trace"] = self._trace
         deadline_at, first_byte = self.deadline_at, self.first_byte
         timeout = dict(request.extensions.get("timeout") or {})
         if deadline_at is not None:
@@ -493,6 +522,12 @@ class Provider(ABC):
 
     def close(self) -> None:
         self._http.close()
+
+    def cancel(self) -> None:
+        """Stop the call in progress from another thread (a user pressed Stop): the
+        request is cut at once, even while the model is silent, and raises a
+        ProviderError in the thread that made it."""
+        self._transport.cancel()
 
     def _start_call(self, *, streaming: bool = False) -> None:
         """One deadline for the call about to be made, its retries included; and for a

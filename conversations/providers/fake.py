@@ -38,6 +38,7 @@ import io
 import json
 import math
 import re
+import select
 import socket
 import threading
 import time
@@ -439,6 +440,8 @@ class RecordedRequest:
     prompt_tokens: int | None = None
     # The query string as sent (``beta=true``), without the ``?``.
     query: str = ""
+    # The client closed the connection before the answer ended (a cancelled call).
+    cut: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -506,6 +509,7 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
+    record: RecordedRequest  # the request being answered
     protocol_version = "HTTP/1.1"
     server_version = "ArborFake/1"
 
@@ -994,6 +998,7 @@ class FakeLLMServer:
         self, handler: _Handler, protocol: str, path: str, body: Any, received: float
     ) -> None:
         record = self._record(handler, protocol, path, body, received)
+        handler.record = record
         try:
             prompt = self._admit(handler, protocol, body, record)
         except _Refused as refused:
@@ -1073,7 +1078,13 @@ class FakeLLMServer:
                 handler.wfile.write(b": keep-alive\n\n")
                 handler.wfile.flush()
             return
-        self._stopping.wait(step.hang)
+        # Silent, but watching the socket: a client that hangs up is recorded as cut.
+        until = time.monotonic() + step.hang
+        while time.monotonic() < until and not self._stopping.is_set():
+            readable, _, _ = select.select([handler.connection], [], [], 0.05)
+            if readable and not handler.connection.recv(1, socket.MSG_PEEK):
+                handler.record.cut = True
+                return
 
     def _echo(self, protocol: str, body: Mapping[str, Any], prompt: int) -> str:
         """The demo answer: deterministic, and it shows the fake's own token count."""
@@ -1195,7 +1206,9 @@ class FakeLLMServer:
                     return  # the server is stopping
                 handler._sse(data, name)
         except (BrokenPipeError, ConnectionResetError):
-            pass  # the client went away (a timeout, or a test that stopped reading)
+            # The client went away (a timeout, a cancelled call, a test that stopped
+            # reading).
+            handler.record.cut = True
 
 
 # --- the shared demo server -----------------------------------------------------------

@@ -152,20 +152,28 @@ def _provenance(conv: Conversation, user: User) -> tuple[Conversation | None, Co
     return origin, spawner
 
 
-def failed_turn(conv: Conversation) -> dict[str, Any] | None:
-    """The conversation's last turn, when it failed (or its process died): what was
-    asked and why it failed, so the page can offer to run it again. Survives a restart:
-    attempts are rows."""
+def last_turn(conv: Conversation, leaf: uuid.UUID | None) -> dict[str, Any]:
+    """The conversation's last turn, when it failed (or its process died) or is running
+    now: what was asked, and why it failed (the page offers to run it again) or what it
+    has streamed so far (the page shows it and follows it, with Stop). Survives a
+    reload and a restart: attempts are rows."""
     last = selectors.turn_attempt_last(conversation=conv)
-    if last is None:
-        return None
-    if last.status != AttemptStatus.FAILED and not turns.attempt_is_stale(last):
-        return None
+    if last is None or last.status == AttemptStatus.COMPLETED:
+        return {"failed": None, "running": None}
     prompt = " ".join(p.get("text", "") for p in last.input_parts if p.get("type") == "text")
-    return {
+    if last.status == AttemptStatus.FAILED or turns.attempt_is_stale(last):
+        error = last.error_text or last.error_code or "the turn was interrupted"
+        return {"failed": {"prompt": prompt, "error": error}, "running": None}
+    running = {
+        "attempt": last.pk,
         "prompt": prompt,
-        "error": last.error_text or last.error_code or "the turn was interrupted",
+        "text": (last.live or {}).get("text", ""),
+        "tools": (last.live or {}).get("tools", []),
+        # It continues the branch shown: its question and answer show below it.
+        "here": last.parent_id == leaf,
+        "stopping": last.stop_requested_at is not None,
     }
+    return {"failed": None, "running": running}
 
 
 def chat_context(
@@ -202,5 +210,5 @@ def chat_context(
         ),
         "export_formats": EXPORT_FORMATS,
         "fork_form": forms.ForkForm(),
-        "failed": failed_turn(conv),
+        **last_turn(conv, window.leaf),
     }

@@ -10,13 +10,14 @@ from typing import Any
 
 from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.core.exceptions import ValidationError
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.shortcuts import redirect
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
 from conversations import forms, services, turns
 from conversations.errors import ArborError, InvalidInput
-from conversations.models import Conversation, Origin
+from conversations.models import Conversation, Origin, TurnAttempt
 from conversations.streaming import TurnEvent, event_stream, events_primed
 from conversations.views.common import (
     HtmxHttpRequest,
@@ -130,3 +131,39 @@ def turn_retry(request: HtmxHttpRequest, cid: str) -> HttpResponseBase:
         flash.error(request, exc.detail)
         return redirect(detail_url(conv))
     return _run_turn(request, conv, events)
+
+
+@login_required
+@require_POST
+def turn_stop(request: HtmxHttpRequest, cid: str) -> HttpResponseBase:
+    """Stop the running turn (the form's ``attempt``, else every one running here): what
+    streamed stays as a partial answer marked stopped. The chat's script asks for JSON
+    (202, or 409 ``nothing_running``); without it, back to the chat."""
+    conv = conversation_or_404(request, cid)
+    wants_json = "application/json" in request.headers.get("Accept", "")
+    try:
+        asked = turns.turn_stop(conversation=conv, attempt_id=request.POST.get("attempt") or None)
+    except ArborError as exc:
+        if wants_json:
+            return JsonResponse(exc.as_dict(), status=exc.status)
+        flash.error(request, exc.detail)
+        return redirect(detail_url(conv))
+    if wants_json:
+        return JsonResponse({"stopping": [str(a) for a in asked]}, status=202)
+    return redirect(detail_url(conv))
+
+
+@login_required
+@require_GET
+def turn_live(request: HtmxHttpRequest, cid: str, aid: str) -> HttpResponseBase:
+    """Server-Sent Events following a turn of this conversation that runs in another
+    request (the chat was reloaded mid-answer): what streamed so far, as it grows, then
+    how it ended."""
+    conv = conversation_or_404(request, cid)
+    try:
+        attempt = TurnAttempt.objects.only("pk").get(conversation=conv, pk=aid)
+    except (TurnAttempt.DoesNotExist, ValueError, ValidationError):
+        raise Http404("no such turn") from None
+    return event_stream(
+        request, lambda: turns.turn_follow(attempt_id=attempt.pk), ends_with_client=True
+    )
