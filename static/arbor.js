@@ -65,6 +65,10 @@
     if (!chat || !path || chat.classList.contains("streaming")) return;
     var body = new FormData(form);
     var text = form.elements.text ? form.elements.text.value : "";
+    // The composer empties as the message goes up into the chat (and gets it back if
+    // the message is refused).
+    var composerText = form.id === "composer" ? form.elements.text : null;
+    if (composerText) composerText.value = "";
     // An edit or a regenerate replaces the message and everything after it.
     var cut = form.getAttribute("data-cut") && document.getElementById(form.getAttribute("data-cut"));
     while (cut) {
@@ -92,6 +96,7 @@
       if (!response.ok) {
         answer.classList.add("error");
         out.textContent = await response.text();
+        if (composerText && !composerText.value) composerText.value = text;
         return;
       }
       var reader = response.body.getReader();

@@ -1,0 +1,184 @@
+"""Stop and reload mid-answer in Chromium, against the server `make run` starts
+(uvicorn, ASGI: a turn runs on when its page goes away).
+
+- Stop while an answer streams: the model's request is cut and the chat shows what had
+  arrived, marked "stopped"; the question is kept once.
+- Reload while an answer streams: the page shows the question and the answer so far,
+  follows it, and ends on the saved answer; asking again is not needed, so no sibling.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from typing import Any
+
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
+from django.test import TransactionTestCase
+
+from conversations.models import Message
+from conversations.providers.fake import FakeLLMServer, Step
+from tests.builders import make_user, new_conversation
+from tests.fake_models import child_env, serve_fake_models
+from tests.test_asgi_streaming import ROOT, free_port
+from tests.test_browser_ui import ARGS, CHROMIUM, INIT_SCRIPT, SCREENSHOTS, _browser_available
+
+STORY = " ".join(f"w{i}" for i in range(160))
+# The words of the live answer on the page (0 when there is none).
+LIVE_WORDS = (
+    "((document.querySelector('#live-answer .live-text') || {}).textContent || '')"
+    ".split(/\\s+/).filter(Boolean).length"
+)
+
+
+class StopAndReloadTests(TransactionTestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        _browser_available()
+        super().setUpClass()
+        from playwright.sync_api import sync_playwright
+
+        cls.playwright = sync_playwright().start()
+        cls.browser = cls.playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.browser.close()
+        cls.playwright.stop()
+        super().tearDownClass()
+
+    def setUp(self) -> None:
+        self.fake = FakeLLMServer()
+        models = serve_fake_models(self.fake)
+        models.__enter__()
+        self.addCleanup(models.__exit__, None, None, None)
+        self.port = free_port()
+        env = dict(child_env(), ALLOWED_HOSTS="127.0.0.1", ARBOR_INPROCESS_JOBS="thread")
+        server = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "arbor.asgi:application",
+             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
+            cwd=ROOT, env=env,
+        )  # fmt: skip
+        self.addCleanup(server.wait, 20)
+        self.addCleanup(server.terminate)
+        self.user = make_user("reader")
+        # The server keeps Django's real password hashers (the tests' fast one is not
+        # among them): a PBKDF2 hash it can check, with few rounds.
+        self.user.password = PBKDF2PasswordHasher().encode("pw", "saltsaltsalt", iterations=1000)
+        self.user.save()
+        self.conv, _ = new_conversation(self.user, "Hello>Hi there")
+        self.conv.model = "openai/test"
+        self.conv.save()
+        self.wait_for_server(server)
+
+    def wait_for_server(self, server: subprocess.Popen[bytes]) -> None:
+        import socket
+
+        deadline = time.monotonic() + 30
+        while True:
+            assert server.poll() is None, "uvicorn exited"
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                assert time.monotonic() < deadline, "uvicorn did not start"
+                time.sleep(0.2)
+
+    def open(self, width: int, height: int) -> Any:
+        context = self.browser.new_context(viewport={"width": width, "height": height})
+        context.add_init_script(INIT_SCRIPT)
+        self.addCleanup(context.close)
+        page = context.new_page()
+        page.set_default_timeout(20_000)
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        self.addCleanup(lambda: self.assertEqual(errors, []))
+        base = f"http://127.0.0.1:{self.port}"
+        page.goto(f"{base}/login/")
+        page.fill("input[name=username]", "reader")
+        page.fill("input[name=password]", "pw")
+        page.click("button:has-text('Sign in')")
+        page.wait_for_url(f"{base}/")
+        page.goto(f"{base}/c/{self.conv.pk}/")
+        return page
+
+    def live_words(self, page: Any) -> int:
+        words: int = page.evaluate(f"() => {LIVE_WORDS}")
+        return words
+
+    def send(self, page: Any, prompt: str) -> None:
+        page.fill("#composer textarea", prompt)
+        page.click("#composer button")
+        page.wait_for_function(f"() => ({LIVE_WORDS}) > 5")
+
+    def prompts(self, text: str) -> int:
+        return Message.objects.filter(
+            conversation=self.conv, role="user", parts__0__text=text
+        ).count()
+
+    def check_stop(self, width: int, height: int, name: str) -> None:
+        self.fake.push(Step.reply(STORY, pace=0.05))
+        page = self.open(width, height)
+        assert not page.is_visible(".stop-form button"), "Stop shows only while answering"
+        self.send(page, f"Tell me a story ({name})")
+        assert page.input_value("#composer textarea") == "", "the composer keeps the message"
+        stop = page.locator(".stop-form button")
+        assert stop.is_visible()
+        box = stop.bounding_box()
+        assert box["height"] >= 40 and box["width"] >= 40, box
+        page.screenshot(path=str(SCREENSHOTS / f"stop-streaming-{name}.png"))
+        stop.click()
+        page.wait_for_selector(".msg.assistant .badge.stopped")
+        assert page.locator("#live-answer").count() == 0
+        answer = page.locator(".msg.assistant").last.locator(".parts").inner_text().strip()
+        words = answer.split()
+        assert 5 <= len(words) < 160 and STORY.startswith(answer), answer
+        assert self.prompts(f"Tell me a story ({name})") == 1
+        assert self.fake.requests[-1].cut, "the model's request was not cut"
+        assert not page.is_visible(".stop-form button")
+        page.screenshot(path=str(SCREENSHOTS / f"stop-stopped-{name}.png"), full_page=True)
+        no_scroll = page.evaluate(
+            "document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+        )
+        assert no_scroll, "the page scrolls sideways"
+
+    def test_stop_keeps_the_partial_answer_at_1280(self) -> None:
+        self.check_stop(1280, 900, "1280")
+
+    def test_stop_keeps_the_partial_answer_on_a_phone(self) -> None:
+        self.check_stop(390, 844, "390")
+
+    def test_reload_mid_answer_shows_and_follows_the_running_turn(self) -> None:
+        self.fake.push(Step.reply(STORY, pace=0.04))
+        page = self.open(1280, 900)
+        self.send(page, "Tell me a story, then I reload")
+        page.reload()
+        # The question and the answer so far are on the reloaded page, and it grows.
+        pending = page.locator(".msg.user.pending")
+        assert pending.inner_text().strip() == "Tell me a story, then I reload"
+        page.wait_for_selector("#live-answer")
+        first = self.live_words(page)
+        page.screenshot(path=str(SCREENSHOTS / "reload-following-1280.png"))
+        page.wait_for_function(f"() => ({LIVE_WORDS}) > {first + 10}")
+        assert page.is_visible(".stop-form button")
+        # The end: the saved answer replaces the live one, whole.
+        page.wait_for_selector("#live-answer", state="detached", timeout=30_000)
+        answer = page.locator(".msg.assistant").last.locator(".parts").inner_text().strip()
+        assert answer == STORY
+        assert self.prompts("Tell me a story, then I reload") == 1
+        assert len(self.fake.requests) == 1, "the question was not asked again"
+        page.screenshot(path=str(SCREENSHOTS / "reload-done-1280.png"), full_page=True)
+
+    def test_stop_after_a_reload(self) -> None:
+        self.fake.push(Step.reply(STORY, pace=0.05))
+        page = self.open(1280, 900)
+        self.send(page, "Stop me after a reload")
+        page.reload()
+        page.wait_for_selector("#live-answer")
+        page.click(".stop-form button")
+        page.wait_for_selector(".msg.assistant .badge.stopped")
+        assert self.prompts("Stop me after a reload") == 1
+        answer = page.locator(".msg.assistant").last.locator(".parts").inner_text().strip()
+        assert STORY.startswith(answer) and len(answer.split()) < 160
