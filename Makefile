@@ -68,6 +68,7 @@ bench: setup
 	$(TEST_ENV) $(BIN)/python manage.py bench_import
 	$(TEST_ENV) $(BIN)/python manage.py bench_gateway
 	$(TEST_ENV) $(BIN)/python manage.py bench_load
+	$(TEST_ENV) $(BIN)/python manage.py bench_page
 	@# The same load on PostgreSQL, when one is reachable (CI's machine has one).
 	@if pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then \
 	  psql -h 127.0.0.1 -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname='arbor_bench'" | grep -q 1 \

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from conversations import services
+from conversations.management.commands.bench_page import chat_chain
 from conversations.views import CHAT_CHUNK, CHAT_FIRST
-from tests.builders import make_user, text
+from tests.builders import make_user
 from tests.test_browser_phone import DESKTOP, PHONE
 from tests.test_browser_ui import SCREENSHOTS, BrowserTestCase
 
@@ -24,23 +24,7 @@ MAX_PAGE_BYTES = 150_000
 
 
 def long_chat(owner: Any) -> Any:
-    conv = services.conversation_create(owner=owner, title="A thousand messages")
-    parent = None
-    for start in range(0, MESSAGES, 200):
-        result = services.turn_append(
-            conversation=conv,
-            parent_id=parent,
-            expected_version=None,
-            messages=[
-                {
-                    "role": "user" if i % 2 == 0 else "assistant",
-                    "parts": text(f"Message {i}: " + "a line of **markdown** with `code` " * 4),
-                }
-                for i in range(start, start + 200)
-            ],
-        )
-        parent = result.message_ids[-1]
-    return conv
+    return chat_chain(owner, MESSAGES)
 
 
 class LongChatTests(BrowserTestCase):
