@@ -137,7 +137,11 @@ class Command(BaseCommand):
             page.fill("input[name=password]", password)
             page.click("button:has-text('Sign in')")
             page.wait_for_url(f"{base}/")
-            cookies = context.cookies()
+            # Each as the context wants to be given it: name, value, domain and path.
+            cookies: list[Any] = [
+                {k: c[k] for k in ("name", "value", "domain", "path")}  # type: ignore[literal-required]
+                for c in context.cookies()
+            ]
             context.close()
             for name, (width, height) in VIEWPORTS.items():
                 runs = []
