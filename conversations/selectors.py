@@ -513,6 +513,16 @@ def rewind_digests(*, conversation: Conversation) -> dict[uuid.UUID, dict[str, A
     return out
 
 
+def conversation_recent(*, user: Any, limit: int) -> Any:
+    """The user's ``limit`` most recently active conversations, newest first, with only
+    what a list of titles needs."""
+    return (
+        Conversation.objects.filter(owner=user)
+        .order_by("-updated_at", "-id")
+        .only("id", "title", "updated_at")[:limit]
+    )
+
+
 # --- blobs, turn attempts, imports and tokens ------------------------------------------
 
 

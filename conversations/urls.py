@@ -17,6 +17,7 @@ app_name = "conversations"
 urlpatterns = [
     path("", listing.conversation_list, name="list"),
     path("new/", listing.conversation_new, name="new"),
+    path("sidebar/", listing.conversation_sidebar, name="sidebar"),
     path("c/<str:cid>/", chat.conversation_detail, name="detail"),
     path("c/<str:cid>/settings/", chat.conversation_settings, name="conversation_settings"),
     path("c/<str:cid>/delete/", listing.conversation_delete, name="delete"),

@@ -160,6 +160,41 @@
     });
   }
   document.addEventListener("DOMContentLoaded", follow);
+
+  // Code blocks get a Copy button (the page's script adds it: without JavaScript
+  // there is nothing it could do).
+  function addCopyButtons(root) {
+    if (!root.querySelectorAll) return;
+    Array.prototype.forEach.call(root.querySelectorAll(".md pre"), function (pre) {
+      if (pre.parentNode.classList.contains("codeblock")) return;
+      var box = document.createElement("div");
+      box.className = "codeblock";
+      pre.parentNode.insertBefore(box, pre);
+      box.appendChild(pre);
+      var button = document.createElement("button");
+      button.type = "button";
+      button.className = "copy";
+      button.textContent = "Copy";
+      button.setAttribute("aria-label", "Copy the code");
+      box.appendChild(button);
+    });
+  }
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest ? event.target.closest(".codeblock .copy") : null;
+    if (!button) return;
+    var code = button.parentNode.querySelector("pre").innerText;
+    var done = function (word) {
+      button.textContent = word;
+      setTimeout(function () { button.textContent = "Copy"; }, 1500);
+    };
+    if (navigator.clipboard && navigator.clipboard.writeText) {
+      navigator.clipboard.writeText(code).then(function () { done("Copied"); }, function () { done("Copy failed"); });
+    } else {
+      done("Copy failed");
+    }
+  });
+  document.addEventListener("DOMContentLoaded", function () { addCopyButtons(document); });
+  document.addEventListener("htmx:load", function (event) { addCopyButtons(event.target); });
   document.addEventListener("htmx:load", function (event) {
     if (event.target && event.target.id === "chat") follow();
   });

@@ -23,7 +23,7 @@ from tests.test_browser_ui import SCREENSHOTS, BrowserTestCase
 
 PHONE = {"viewport": {"width": 390, "height": 844}, "is_mobile": True, "has_touch": True}
 DESKTOP = {"viewport": {"width": 1280, "height": 800}}
-FINGER = 32  # px: the smallest control a thumb hits reliably
+FINGER = 40  # px: the smallest control a thumb hits reliably (#15)
 
 LONG_CODE = (
     "```python\n"

@@ -3,10 +3,14 @@ add a conversation to it or delete one (conversations/delete.html)."""
 
 from __future__ import annotations
 
+from datetime import date
+from typing import Any
+
 from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from conversations import forms, selectors, services
@@ -21,6 +25,44 @@ from conversations.views.common import (
 )
 
 MESSAGE_HITS = 20  # message search hits a page of the conversation list shows
+SIDEBAR_ITEMS = 60  # conversations the sidebar lists (the list page has them all)
+
+
+def date_groups(conversations: list[Any], today: date) -> list[tuple[str, list[Any]]]:
+    """Conversations (newest first) under the headings chat apps use: Today, Yesterday,
+    Previous 7 days, Previous 30 days, then one per month ("November 2026")."""
+    groups: list[tuple[str, list[Any]]] = []
+    for conv in conversations:
+        day = timezone.localdate(conv.updated_at)
+        age = (today - day).days
+        if age <= 0:
+            heading = "Today"
+        elif age == 1:
+            heading = "Yesterday"
+        elif age <= 7:
+            heading = "Previous 7 days"
+        elif age <= 30:
+            heading = "Previous 30 days"
+        else:
+            heading = day.strftime("%B %Y")
+        if not groups or groups[-1][0] != heading:
+            groups.append((heading, []))
+        groups[-1][1].append(conv)
+    return groups
+
+
+@login_required
+@require_GET
+def conversation_sidebar(request: HtmxHttpRequest) -> HttpResponse:
+    """The sidebar beside every page: the user's latest conversations grouped by date
+    (one query), the one open marked."""
+    latest = list(selectors.conversation_recent(user=request.user, limit=SIDEBAR_ITEMS))
+    context = {
+        "groups": date_groups(latest, timezone.localdate()),
+        "current": request.GET.get("current", ""),
+        "more": len(latest) == SIDEBAR_ITEMS,
+    }
+    return render(request, "conversations/_sidebar.html", context)
 
 
 @login_required
@@ -49,6 +91,7 @@ def conversation_list(request: HtmxHttpRequest) -> HttpResponse:
         "hits_cursor": hits.next_cursor,
         "q": q,
         "form": forms.ConversationForm(),
+        "new": "new" in request.GET,
     }
     return render_page_or_fragment(request, "conversations/list.html", "results", context)
 
