@@ -16,6 +16,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Router, Schema, Status
 
 from conversations import exporters, selectors
+from conversations.errors import Conflict
 from conversations.importers import ImportTooLarge, Limits, transcript_import
 from conversations.importers.base import ImportRejected
 
@@ -56,12 +57,20 @@ class ConversationImportOut(Schema):
     flagged: list[IssueOut]
 
 
+class DuplicateOut(Schema):
+    source_key: str
+    title: str
+    existing: str | None
+    existing_title: str
+
+
 class ImportOut(Schema):
     file: str
     format: str
     conversation_ids: list[str]
     conversations: list[ConversationImportOut]
     truncated: str
+    duplicates: list[DuplicateOut]
     skipped: list[IssueOut]
     repaired: list[IssueOut]
 
@@ -96,22 +105,41 @@ def _spool(request: HttpRequest, limit: int) -> tuple[str, str]:
 
 
 @router.post("/imports", response={201: ImportOut})
-def import_transcript(request: HttpRequest, format: str = "auto") -> Status[Any]:
+def import_transcript(
+    request: HttpRequest, format: str = "auto", duplicates: str = "skip"
+) -> Status[Any]:
     """Import a transcript file: ChatGPT or claude.ai conversations.json, a Claude Code or pi
     session or a Codex CLI rollout (.jsonl), an Open WebUI chat or export, or Arbor JSON.
     Send it as the multipart field ``file`` or as the raw request body; a ``format`` form
     field or ``?format=`` skips detection. Answers 201 with the report and the new
     conversation ids; 422 when the file cannot be read or nothing in it could be imported
-    (the report says why)."""
+    (the report says why).
+
+    A conversation imported before (the same source id: a ChatGPT conversation id, a
+    session id) is skipped and listed in the report's ``duplicates`` with the
+    conversation it already is; ``?duplicates=copy`` imports it again as a copy. When
+    every conversation was skipped so: 409 ``already_imported``."""
     limits = Limits.from_settings()
     fmt = request.POST.get("format") or format
     path, name = _spool(request, limits.max_file_bytes)
     try:
         report = transcript_import(
-            owner_id=_user(request).pk, path=path, format=fmt, filename=name, limits=limits
+            owner_id=_user(request).pk,
+            path=path,
+            format=fmt,
+            filename=name,
+            limits=limits,
+            duplicates=request.POST.get("duplicates") or duplicates,
         )
     finally:
         os.unlink(path)
+    if not report.conversations and report.duplicates:
+        raise Conflict(
+            f"every conversation in the file was imported before "
+            f"({len(report.duplicates)}): send ?duplicates=copy to import them again as copies",
+            code="already_imported",
+            report=report.as_dict(),
+        )
     if not report.conversations:
         raise ImportRejected(
             "nothing in the file could be imported",

@@ -98,6 +98,10 @@ class RewindForm(VersionForm):
 class ImportForm(forms.Form):
     file = forms.FileField()
     format = forms.ChoiceField(choices=[("auto", "Detect")] + [(f, f) for f in FORMATS])
+    # Unticked: a conversation imported before (same source id) is skipped and listed.
+    copies = forms.BooleanField(
+        required=False, label="Import conversations imported before again, as copies"
+    )
 
     def clean_file(self) -> Any:
         upload = self.cleaned_data["file"]

@@ -66,6 +66,10 @@ class Conversation(models.Model):
     gateway_session = models.CharField(max_length=200, blank=True, default="")
     gateway_fingerprint = models.CharField(max_length=64, blank=True, default="")
     harness = models.CharField(max_length=200, blank=True, default="")
+    # Where an imported conversation came from, "<format>:<its id there>" (a ChatGPT
+    # conversation id, a Claude Code session id…): importing the same one again is
+    # noticed, and done only as a copy when asked.
+    source_key = models.CharField(max_length=300, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -76,6 +80,11 @@ class Conversation(models.Model):
                 fields=["owner", "gateway_session"],
                 condition=~Q(gateway_session=""),
                 name="conv_gateway_session",
+            ),
+            models.Index(
+                fields=["owner", "source_key"],
+                condition=~Q(source_key=""),
+                name="conv_source_key",
             ),
         ]
 
@@ -289,6 +298,11 @@ class ImportJob(models.Model):
     filename = models.CharField(max_length=255)
     upload = models.FileField(upload_to="imports/")
     format = models.CharField(max_length=32, default="auto")
+    # Conversations imported before (same source key) are skipped ("skip"), or imported
+    # again as copies ("copy"); ``only_keys`` limits a job to those source keys (the
+    # "import again as copies" of an earlier job's skipped ones).
+    on_duplicate = models.CharField(max_length=8, default="skip")
+    only_keys = models.JSONField(default=list, blank=True)
     state = models.CharField(max_length=16, choices=ImportState.choices, default=ImportState.QUEUED)
     conversations_done = models.PositiveIntegerField(default=0)
     messages_done = models.PositiveIntegerField(default=0)

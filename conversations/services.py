@@ -1006,11 +1006,69 @@ def api_token_revoke(*, user: User, token_id: int) -> None:
 # --- background imports --------------------------------------------------------------
 
 
-def import_job_create(*, owner: User, upload: Any, format: str = "auto") -> Any:
-    """Keep the uploaded file and queue its import after the transaction commits."""
-    from arbor.jobs import job_dispatch
+def import_job_create(
+    *, owner: User, upload: Any, format: str = "auto", on_duplicate: str = "skip"
+) -> Any:
+    """Keep the uploaded file and queue its import after the transaction commits.
+    Conversations imported before are skipped, or copied with ``on_duplicate="copy"``."""
+    from conversations.models import ImportJob
+
+    if on_duplicate not in ("skip", "copy"):
+        raise InvalidInput(f"on_duplicate must be skip or copy, not {on_duplicate!r}")
+    _import_jobs_limit(owner)
+    job = ImportJob(
+        owner=owner, filename=str(upload.name)[:255], format=format, on_duplicate=on_duplicate
+    )
+    name = f"imports/{uuid.uuid4()}.upload"
+    try:
+        _write_atomically(name, upload.chunks())
+    except OSError as exc:
+        raise storage_error(exc, "the upload") from None
+    job.upload.name = name
+    job.save()
+    _import_job_queue(job)
+    return job
+
+
+def import_job_again(*, owner: User, job_id: Any) -> Any:
+    """Import the conversations an earlier import skipped as imported before, this time
+    as copies: a new job on the same kept file, limited to their source keys. The file
+    moves to the new job (one job holds it at a time)."""
     from conversations.models import ImportJob, ImportState
-    from conversations.tasks import run_import_job
+
+    with transaction.atomic():
+        earlier = (
+            ImportJob.objects.select_for_update()
+            .filter(owner=owner, pk=job_id, state=ImportState.DONE)
+            .first()
+        )
+        if earlier is None:
+            raise NotFound(f"no finished import {job_id}")
+        keys = [d["source_key"] for d in (earlier.report or {}).get("duplicates", [])]
+        if not keys:
+            raise Conflict("this import skipped no conversation", code="no_duplicates")
+        if not earlier.upload:
+            raise Conflict(
+                "the file of this import is no longer kept: upload it again, with "
+                "“import conversations imported before as copies” ticked",
+                code="upload_gone",
+            )
+        _import_jobs_limit(owner)
+        job = ImportJob.objects.create(
+            owner=owner,
+            filename=earlier.filename,
+            format=earlier.format,
+            on_duplicate="copy",
+            only_keys=keys,
+            upload=earlier.upload.name,
+        )
+        ImportJob.objects.filter(pk=earlier.pk).update(upload="")
+    _import_job_queue(job)
+    return job
+
+
+def _import_jobs_limit(owner: User) -> None:
+    from conversations.models import ImportJob, ImportState
 
     # Jobs touched in the last hour: one queued by a process that died before running it
     # does not hold a place for ever.
@@ -1025,18 +1083,15 @@ def import_job_create(*, owner: User, upload: Any, format: str = "auto") -> Any:
             f"{settings.ARBOR_IMPORT_MAX_OPEN}): wait for one to finish",
             code="too_many_imports",
         )
-    job = ImportJob(owner=owner, filename=str(upload.name)[:255], format=format)
-    name = f"imports/{uuid.uuid4()}.upload"
-    try:
-        _write_atomically(name, upload.chunks())
-    except OSError as exc:
-        raise storage_error(exc, "the upload") from None
-    job.upload.name = name
-    job.save()
+
+
+def _import_job_queue(job: Any) -> None:
+    from arbor.jobs import job_dispatch
+    from conversations.tasks import run_import_job
+
     # Robust: the job records its own failure, and when it runs inside the upload's
     # request (no broker, inline jobs) that request must still answer with the job page.
     transaction.on_commit(lambda: job_dispatch(run_import_job, str(job.pk)), robust=True)
-    return job
 
 
 def import_job_run(*, job_id: Any) -> None:
@@ -1087,6 +1142,8 @@ def import_job_run(*, job_id: Any) -> None:
                 format=job.format,
                 filename=job.filename,
                 progress=progress,
+                duplicates=job.on_duplicate,
+                only=job.only_keys or None,
             )
     except ArborError as exc:
         _import_upload_drop(job)
@@ -1100,6 +1157,11 @@ def import_job_run(*, job_id: Any) -> None:
             state=ImportState.FAILED, error=f"the import failed: {type(exc).__name__}", upload=""
         )
         raise
+    if report.duplicates:
+        # Kept (for IMPORT_KEEP_SECONDS) so the skipped ones can be imported again as
+        # copies without uploading the file again (import_job_again).
+        ImportJob.objects.filter(pk=job.pk).update(state=ImportState.DONE, report=report.as_dict())
+        return
     # The conversations hold everything now: the kept upload goes.
     _import_upload_drop(job)
     ImportJob.objects.filter(pk=job.pk).update(
@@ -1118,6 +1180,9 @@ def _import_upload_drop(job: Any) -> None:
 # A running import says it is alive every IMPORT_STALE_SECONDS / 6 (import_job_run);
 # silent this long, its worker is taken for dead, wherever it ran.
 IMPORT_STALE_SECONDS = 180
+# A finished import that skipped conversations imported before keeps its file this long,
+# for "import again as copies".
+IMPORT_KEEP_SECONDS = 24 * 3600
 
 
 def import_job_sweep(job: Any) -> Any:
@@ -1125,6 +1190,12 @@ def import_job_sweep(job: Any) -> Any:
     the conversations it imported before it stopped; returns the job as it now is."""
     from conversations.models import ImportState
 
+    if job.state == ImportState.DONE and job.upload:
+        if timezone.now() - job.updated_at > timedelta(seconds=IMPORT_KEEP_SECONDS):
+            _import_upload_drop(job)
+            type(job).objects.filter(pk=job.pk).update(upload="")
+            job.upload = ""
+        return job
     if job.state != ImportState.RUNNING or not job.worker:
         return job
     stale = timezone.now() - job.updated_at > timedelta(seconds=IMPORT_STALE_SECONDS)
@@ -1134,7 +1205,7 @@ def import_job_sweep(job: Any) -> Any:
     job.error = (
         f"interrupted: the process importing this file ({job.worker}) stopped after "
         f"{done} conversation{'s' if done != 1 else ''}; they are kept. Upload the file "
-        "again to import the rest (the ones already imported come in a second time)."
+        "again to import the rest (the ones already imported are skipped)."
     )
     job.state = ImportState.FAILED
     swept = (

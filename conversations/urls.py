@@ -38,6 +38,7 @@ urlpatterns = [
     path("c/<str:cid>/rewind/", checkpoints.rewind, name="rewind"),
     path("import/", imports.import_page, name="import"),
     path("import/<str:job_id>/", imports.import_job, name="import_job"),
+    path("import/<str:job_id>/again/", imports.import_again, name="import_again"),
     path("settings/", account.settings_page, name="settings"),
     path("settings/tokens/<int:token_id>/revoke/", account.token_revoke, name="token_revoke"),
 ]

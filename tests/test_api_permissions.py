@@ -16,13 +16,16 @@ import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client, TestCase, override_settings
+from django.utils import timezone
 from PIL import Image
 
+from arbor.procs import process_identity
 from compaction.api import router as compaction_router
 from conversations import services
 from conversations.api import router
@@ -184,6 +187,7 @@ ROUTES = [
     ),
     # DESIGN.md invariant 7: retry on a missing conversation is "nothing_loaded".
     Route("POST", "/conversations/{cid}/retry", 201, missing="nothing_loaded"),
+    Route("POST", "/conversations/{cid}/stop", 202),
     Route("POST", "/blobs", 201, upload=True, names_owned_ids=False),
     Route("GET", "/blobs/{sha256}", 200),
     # conversations/api_imports.py (its own router): an import sent as a raw JSON body,
@@ -223,6 +227,7 @@ def snapshot(cid: str) -> dict[str, Any]:
             )
         ),
         "blobs": Blob.objects.count(),
+        "stops": TurnAttempt.objects.filter(stop_requested_at__isnull=False).count(),
         "blob_owners": Blob.owners.through.objects.count(),
     }
 
@@ -267,6 +272,16 @@ class PermissionTestCase(TestCase):
         """A fresh conversation of Alice's, so each route starts from the same state."""
         conv, nodes = new_conversation(self.alice, "a>b>c", title="alice's")
         services.checkpoint_create(conversation=conv, label="cp")
+        # A turn running in this process (older than the failed one below, so retry
+        # still finds that one last), so that stop has something to stop.
+        TurnAttempt.objects.create(
+            conversation=conv,
+            parent=nodes["c"],
+            input_parts=[{"type": "text", "text": "running"}],
+            model="fake/demo",
+            worker=process_identity(),
+            created_at=timezone.now() - timedelta(seconds=5),
+        )
         # A failed turn, so that retry has something to run.
         TurnAttempt.objects.create(
             conversation=conv,

@@ -108,7 +108,10 @@ class ClaudeAiImportTests(TestCase):
         assert set(PARSERS) == set(FORMATS)
         choices = [value for value, _ in ImportForm().fields["format"].choices]
         assert choices == ["auto", *FORMATS]
-        report = transcript_import(owner_id=self.user.pk, path=SAMPLE, format="claudeai")
+        # The class imported the sample already: again, as copies.
+        report = transcript_import(
+            owner_id=self.user.pk, path=SAMPLE, format="claudeai", duplicates="copy"
+        )
         assert report.format == "claudeai" and len(report.conversations) == 3
 
     # -- the tree --
@@ -138,7 +141,7 @@ class ClaudeAiImportTests(TestCase):
 
     def test_a_current_leaf_not_in_the_file_falls_back_to_the_newest_leaf(self) -> None:
         broken = {**RUST, "current_leaf_message_uuid": "11111111-2222-4333-8444-555555555555"}
-        report = transcript_import(owner_id=self.user.pk, path=write([broken]))
+        report = transcript_import(owner_id=self.user.pk, path=write([broken]), duplicates="copy")
         (summary,) = report.conversations
         assert "tip_missing" in summary.repaired.kinds()
         conversation = Conversation.objects.get(pk=summary.id)
@@ -288,7 +291,9 @@ class ClaudeAiImportTests(TestCase):
 
     def test_a_conversation_without_chat_messages_is_skipped_and_the_others_import(self) -> None:
         broken = {"uuid": "b0b0b0b0-0000-4000-8000-000000000001", "name": "Broken"}
-        report = transcript_import(owner_id=self.user.pk, path=write([RUST, broken, TOOLS]))
+        report = transcript_import(
+            owner_id=self.user.pk, path=write([RUST, broken, TOOLS]), duplicates="copy"
+        )
         assert report.format == "claudeai"
         assert [c.source_id for c in report.conversations] == [RUST["uuid"], TOOLS["uuid"]]
         (issue,) = report.skipped.as_list()

@@ -183,6 +183,9 @@ class ImportReport:
     # Set when the file ends before its last line or element does: in words, what was
     # lost (the report's first line; the browser shows it at the top).
     truncated: str = ""
+    # Conversations imported before and so skipped: {source_key, title, existing,
+    # existing_title}.
+    duplicates: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def conversation_ids(self) -> list[Any]:
@@ -195,6 +198,7 @@ class ImportReport:
             "conversation_ids": [str(i) for i in self.conversation_ids],
             "conversations": [c.as_dict() for c in self.conversations],
             "truncated": self.truncated,
+            "duplicates": self.duplicates,
             "skipped": self.skipped.as_list(),
             "repaired": self.repaired.as_list(),
         }

@@ -5,7 +5,8 @@ side of the package; the parsers and the tree builder they call are pure.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,30 @@ from conversations.importers.tree import SkipConversation, build
 from conversations.importers.writer import Calls, conversation_write
 
 Progress = Callable[[ConversationReport], Any]
+DUPLICATES = ("skip", "copy")
+
+
+def source_key(fmt: str, source_id: str | None) -> str:
+    """Where a conversation came from, as ``Conversation.source_key`` keeps it."""
+    return f"{fmt}:{source_id}"[:300] if source_id else ""
+
+
+@dataclass
+class _Import:
+    """One import's settings and what its files share."""
+
+    owner: Any
+    progress: Progress | None
+    limits: Limits
+    # "skip": a conversation whose source key the owner already has is not imported
+    # again (the report lists it); "copy": it is imported as another conversation.
+    duplicates: str
+    # Only these source keys (None: every conversation of the file).
+    only: Collection[str] | None
+    # The owner's source keys before this import began (conversations of one file that
+    # share a key are all imported: they are not copies of an earlier import).
+    known: set[str] = field(default_factory=set)
+    calls: Calls = field(default_factory=dict)
 
 
 def transcript_import(
@@ -39,8 +64,15 @@ def transcript_import(
     filename: str | None = None,
     progress: Progress | None = None,
     limits: Limits | None = None,
+    duplicates: str = "skip",
+    only: Collection[str] | None = None,
 ) -> ImportReport:
     """Import every conversation of one file for one user and report on it.
+
+    A conversation imported before (the same source id in the same format) is skipped
+    and listed in ``report.duplicates`` with the conversation it already is; with
+    ``duplicates="copy"`` it is imported again as a copy. ``only`` limits the import to
+    those source keys (to copy just the ones an earlier import skipped).
 
     Raises ImportRejected (422) when the file cannot be read at all (unknown format, not
     JSON) and ImportTooLarge (413) when it is over the size limit; everything else —
@@ -57,8 +89,14 @@ def transcript_import(
         raise InvalidInput(
             f"format must be auto or one of {list(FORMATS)}, not {format!r}", code="bad_format"
         )
+    if duplicates not in DUPLICATES:
+        raise InvalidInput(
+            f"duplicates must be one of {list(DUPLICATES)}, not {duplicates!r}",
+            code="bad_duplicates",
+        )
+    run = _Import(owner, progress, limits, duplicates, only, known=_source_keys(owner))
     if path.is_dir():  # a project folder (the command line): read like an archive
-        return _import_archive(owner, path, filename or path.name, format, progress, limits)
+        return _import_archive(run, path, filename or path.name, format)
     size = path.stat().st_size
     if size > limits.max_file_bytes:
         raise ImportTooLarge(
@@ -67,28 +105,48 @@ def transcript_import(
     if size == 0:
         raise ImportRejected("the file is empty", code="empty_file")
     if is_archive(path):
-        return _import_archive(owner, path, filename or path.name, format, progress, limits)
+        return _import_archive(run, path, filename or path.name, format)
     fmt = detect_format(path, limits=limits) if format == "auto" else format
     report = ImportReport(file=filename or path.name, format=fmt)
-    _import_file(owner, path, fmt, report, {}, progress, limits)
+    _import_file(run, path, fmt, report)
     return report
 
 
+def _source_keys(owner: Any) -> set[str]:
+    from conversations.models import Conversation
+
+    return set(
+        Conversation.objects.filter(owner=owner)
+        .exclude(source_key="")
+        .values_list("source_key", flat=True)
+    )
+
+
+def _imported_before(run: _Import, key: str) -> Any:
+    """The conversation this source was imported as before (the newest), if any."""
+    from conversations.models import Conversation
+
+    return (
+        Conversation.objects.filter(owner=run.owner, source_key=key)
+        .order_by("-created_at")
+        .only("id", "title")
+        .first()
+    )
+
+
 def _import_file(
-    owner: Any,
+    run: _Import,
     path: Path,
     fmt: str,
     report: ImportReport,
-    calls: Calls,
-    progress: Progress | None,
-    limits: Limits,
     *,
     spawned_by_call: str | None = None,
     spawned_title: str = "",
     media: Media | None = None,
 ) -> None:
     """Parse, build and write the conversations of one transcript file into ``report``;
-    ``calls`` links sub-agents to their calls across the files of one import."""
+    ``run.calls`` links sub-agents to their calls across the files of one import."""
+    limits = run.limits
     parse = PARSERS[fmt]
     sources = (
         parse(path, report=report, limits=limits, media=media)
@@ -105,6 +163,20 @@ def _import_file(
                 "this one and the rest were not imported",
             )
             break
+        key = source_key(fmt, source.source_id)
+        if run.only is not None and key not in run.only:
+            continue
+        if key in run.known and run.duplicates == "skip":
+            before = _imported_before(run, key)
+            report.duplicates.append(
+                {
+                    "source_key": key,
+                    "title": source.title,
+                    "existing": str(before.pk) if before else None,
+                    "existing_title": before.title if before else "",
+                }
+            )
+            continue
         if spawned_by_call and source.report.sidechain_of is not None:
             source.spawned_by_call = spawned_by_call
             if spawned_title:
@@ -114,9 +186,9 @@ def _import_file(
             # The progress line commits with the conversation: a process killed between
             # the two never leaves a conversation its job does not report.
             with transaction.atomic():
-                conversation_write(owner=owner, built=built, calls=calls)
-                if progress is not None:
-                    progress(source.report)
+                conversation_write(owner=run.owner, built=built, calls=run.calls, source_key=key)
+                if run.progress is not None:
+                    run.progress(source.report)
         except SkipConversation as exc:
             report.skipped.add("conversation", label, f"not imported: {exc}")
             continue
@@ -127,21 +199,14 @@ def _import_file(
         report.conversations.append(source.report)
 
 
-def _import_archive(
-    owner: Any,
-    path: Path,
-    filename: str,
-    format: str,
-    progress: Progress | None,
-    limits: Limits,
-) -> ImportReport:
+def _import_archive(run: _Import, path: Path, filename: str, format: str) -> ImportReport:
     """Every transcript of a zip archive (see importers.archive), in one report: the
     format names what the archive held; a member that cannot be read is skipped with
     its reason, the others are imported."""
+    limits = run.limits
     found = open_archive(path, limits)
     report = ImportReport(file=filename, format="zip")
     formats: list[str] = []
-    calls: Calls = {}
     try:
         media = found.media if found.is_chatgpt else None
         for member in found.transcripts():
@@ -155,16 +220,13 @@ def _import_archive(
                 continue
             if fmt not in formats:
                 formats.append(fmt)
-            before = len(report.conversations)
+            before = len(report.conversations) + len(report.duplicates)
             try:
                 _import_file(
-                    owner,
+                    run,
                     member.path,
                     fmt,
                     report,
-                    calls,
-                    progress,
-                    limits,
                     spawned_by_call=member.spawned_by_call,
                     spawned_title=member.description,
                     media=media if fmt == "chatgpt" else None,
@@ -174,7 +236,7 @@ def _import_archive(
                 # it wrote before the error is kept and counted.
                 report.skipped.add("file", member.name, f"not imported: {exc.detail}")
                 continue
-            if len(report.conversations) == before:
+            if len(report.conversations) + len(report.duplicates) == before:
                 report.skipped.add("file", member.name, "no conversation in it was imported")
     finally:
         found.close()

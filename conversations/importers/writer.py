@@ -108,7 +108,7 @@ Calls = dict[str, tuple[uuid.UUID, str]]
 
 
 def conversation_write(
-    *, owner: User, built: BuiltConversation, calls: Calls | None = None
+    *, owner: User, built: BuiltConversation, calls: Calls | None = None, source_key: str = ""
 ) -> Conversation:
     """``calls`` (a tool call id, or ``agent:<id>`` for the sub-agent a call's result
     names → the message holding the call and its id) spans one import: a sub-agent's
@@ -130,6 +130,7 @@ def conversation_write(
             system_prompt=source.system_prompt,
             spawned_by_id=spawned_by,
             spawned_call=spawned_call[:200],
+            source_key=source_key,
         )
         ids = ordered_ids(len(built.messages))
         id_of = {m.key: ids[i] for i, m in enumerate(built.messages)}

@@ -3,10 +3,11 @@ background job that imports it (conversations/import_job.html)."""
 
 from __future__ import annotations
 
+from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse, HttpResponseBase
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_GET, require_http_methods
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from conversations import forms, selectors, services
 from conversations.errors import ArborError, NotFound
@@ -30,6 +31,7 @@ def _import_start(request: HtmxHttpRequest, form: forms.ImportForm) -> HttpRespo
             owner=signed_in_user(request),
             upload=form.cleaned_data["file"],
             format=form.cleaned_data["format"],
+            on_duplicate="copy" if form.cleaned_data["copies"] else "skip",
         )
     except ArborError as exc:  # the media store is full or read-only
         form.add_error("file", exc.detail)
@@ -62,3 +64,18 @@ def import_job(request: HtmxHttpRequest, job_id: str) -> HttpResponse:
     return render_page_or_fragment(
         request, "conversations/import_job.html", "progress", {"job": job}
     )
+
+
+@login_required
+@require_POST
+def import_again(request: HtmxHttpRequest, job_id: str) -> HttpResponseBase:
+    """Import the conversations this import skipped (imported before) again, as copies:
+    a new job on the same file, which it kept for this."""
+    try:
+        job = services.import_job_again(owner=signed_in_user(request), job_id=job_id)
+    except NotFound:
+        raise Http404("no such import") from None
+    except ArborError as exc:  # the file is gone, nothing was skipped, too many imports
+        flash.error(request, exc.detail)
+        return redirect("conversations:import_job", job_id=job_id)
+    return redirect("conversations:import_job", job_id=job.pk)
