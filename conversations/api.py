@@ -6,13 +6,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.conf import settings
 from django.http import FileResponse, HttpRequest
 from ninja import Field as F
 from ninja import File, Query, Router, Schema, Status, UploadedFile
 
 from conversations import selectors, services, turns
-from conversations.errors import InvalidInput, NotFound
+from conversations.errors import NotFound
 from conversations.models import Checkpoint, Conversation, Message
 from conversations.schemas import (
     BlobOut,
@@ -395,9 +394,7 @@ def rewind(request: HttpRequest, cid: str, payload: RewindIn) -> Any:
 
 @router.post("/blobs", response={201: BlobOut}, tags=["blobs"])
 def upload_blob(request: HttpRequest, file: File[UploadedFile]) -> Status[Any]:
-    if file.size is not None and file.size > 2 * settings.ARBOR_MAX_BLOB_BYTES:
-        raise InvalidInput("the upload is too large", code="blob_too_large")
-    blob = services.blob_store(owner=_user(request), data=file.read())
+    blob = services.blob_store_upload(owner=_user(request), upload=file)
     return Status(
         201,
         {

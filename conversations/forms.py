@@ -63,6 +63,36 @@ class EditForm(MessageForm):
     pass
 
 
+# Images one composer message may carry (each is checked by services.blob_store).
+COMPOSER_MAX_IMAGES = 8
+
+
+class ComposerForm(MessageForm):
+    """The chat's composer: text, images (pasted or chosen, the ``images`` files), or
+    both. The images come back in ``cleaned_data["images"]``, not yet checked as
+    images: ``services.blob_store`` does that."""
+
+    text = forms.CharField(max_length=200_000, strip=False, widget=forms.Textarea, required=False)
+
+    def clean_text(self) -> str:
+        text: str = self.cleaned_data["text"]
+        if "\x00" in text:
+            raise forms.ValidationError("The text contains a NUL character.")
+        return text
+
+    def clean(self) -> dict[str, Any]:
+        data: dict[str, Any] = super().clean() or {}
+        images = self.files.getlist("images") if self.files else []
+        if len(images) > COMPOSER_MAX_IMAGES:
+            raise forms.ValidationError(
+                f"Attach at most {COMPOSER_MAX_IMAGES} images to one message ({len(images)} given)."
+            )
+        if not (data.get("text") or "").strip() and not images and "text" not in self.errors:
+            raise forms.ValidationError("Write something or attach an image first.")
+        data["images"] = images
+        return data
+
+
 class VersionForm(forms.Form):
     version = forms.IntegerField(min_value=0)
 

@@ -845,6 +845,16 @@ def _write_atomically(name: str, data: bytes | Iterable[bytes]) -> None:
         raise
 
 
+def blob_store_upload(*, owner: User, upload: Any) -> Blob:
+    """``blob_store`` of an uploaded file, refused by its size before it is read."""
+    if upload.size is not None and upload.size > settings.ARBOR_MAX_BLOB_BYTES:
+        raise InvalidInput(
+            f"the image is {upload.size} bytes; the limit is {settings.ARBOR_MAX_BLOB_BYTES}",
+            code="blob_too_large",
+        )
+    return blob_store(owner=owner, data=upload.read())
+
+
 def blob_store(*, owner: User, data: bytes) -> Blob:
     """Store an image by the sha256 of its bytes. Only PNG, JPEG, WebP and GIF within the
     byte and pixel limits are accepted (never SVG: it can carry script)."""

@@ -68,7 +68,9 @@
     // The composer empties as the message goes up into the chat (and gets it back if
     // the message is refused).
     var composerText = form.id === "composer" ? form.elements.text : null;
+    var sentImages = form.id === "composer" ? Array.prototype.slice.call(composerImages(form).files) : [];
     if (composerText) composerText.value = "";
+    if (sentImages.length) setAttachments(form, []);
     // An edit or a regenerate replaces the message and everything after it.
     var cut = form.getAttribute("data-cut") && document.getElementById(form.getAttribute("data-cut"));
     while (cut) {
@@ -78,7 +80,19 @@
     }
     var empty = path.querySelector(".empty");
     if (empty) empty.remove();
-    if (text) path.appendChild(bubble("user", text));
+    if (text || sentImages.length) {
+      var asked = bubble("user", text);
+      sentImages.forEach(function (file) {
+        var img = document.createElement("img");
+        img.alt = file.name;
+        img.className = "live-image";
+        var reader = new FileReader();
+        reader.onload = function () { img.src = reader.result; };
+        reader.readAsDataURL(file);
+        asked.insertBefore(img, asked.firstChild);
+      });
+      path.appendChild(asked);
+    }
     var answer = bubble("assistant", "");
     answer.id = "live-answer";
     answer.setAttribute("aria-live", "polite");
@@ -97,6 +111,7 @@
         answer.classList.add("error");
         out.textContent = await response.text();
         if (composerText && !composerText.value) composerText.value = text;
+        if (sentImages.length && !composerImages(form).files.length) setAttachments(form, sentImages);
         return;
       }
       var reader = response.body.getReader();
@@ -221,6 +236,62 @@
       if (button) { button.textContent = "Stop"; button.disabled = false; }
     }
   }
+
+  // Images for the composer: chosen with the paperclip or pasted into the message, they
+  // ride in its file input and show as thumbnails (data: URLs: the CSP allows no blob:).
+  function composerImages(form) {
+    return form.querySelector("input[name=images]");
+  }
+  function showAttachments(form) {
+    var input = composerImages(form);
+    var list = form.querySelector(".attachments");
+    if (!input || !list) return;
+    list.textContent = "";
+    Array.prototype.forEach.call(input.files, function (file, index) {
+      var item = document.createElement("li");
+      var img = document.createElement("img");
+      img.alt = file.name;
+      var reader = new FileReader();
+      reader.onload = function () { img.src = reader.result; };
+      reader.readAsDataURL(file);
+      var remove = document.createElement("button");
+      remove.type = "button";
+      remove.className = "remove";
+      remove.textContent = "✕";
+      remove.setAttribute("aria-label", "Remove " + file.name);
+      remove.addEventListener("click", function () { dropAttachment(form, index); });
+      item.appendChild(img);
+      item.appendChild(remove);
+      list.appendChild(item);
+    });
+    list.hidden = input.files.length === 0;
+  }
+  function setAttachments(form, files) {
+    var input = composerImages(form);
+    var transfer = new DataTransfer();
+    files.forEach(function (file) { transfer.items.add(file); });
+    input.files = transfer.files;
+    showAttachments(form);
+  }
+  function dropAttachment(form, index) {
+    var files = Array.prototype.slice.call(composerImages(form).files);
+    files.splice(index, 1);
+    setAttachments(form, files);
+  }
+  document.addEventListener("paste", function (event) {
+    var form = event.target.closest ? event.target.closest("#composer") : null;
+    if (!form || !event.clipboardData || !window.DataTransfer) return;
+    var pasted = Array.prototype.filter.call(event.clipboardData.files || [], function (file) {
+      return /^image\//.test(file.type);
+    });
+    if (!pasted.length) return;  // text is pasted as usual
+    event.preventDefault();
+    setAttachments(form, Array.prototype.slice.call(composerImages(form).files).concat(pasted));
+  });
+  document.addEventListener("change", function (event) {
+    var form = event.target.closest ? event.target.closest("#composer") : null;
+    if (form && event.target.name === "images") showAttachments(form);
+  });
 
   document.addEventListener("submit", function (event) {
     var form = event.target;

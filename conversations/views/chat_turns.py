@@ -72,14 +72,27 @@ def _turn(
 @login_required
 @require_POST
 def message_send(request: HtmxHttpRequest, cid: str) -> HttpResponseBase:
+    """The composer's message: its text and the images pasted or chosen with it (each
+    stored as a blob first, so a file that is not an image is refused before any turn
+    runs, naming the file)."""
     conv = conversation_or_404(request, cid)
-    form = forms.MessageForm(request.POST)
+    form = forms.ComposerForm(request.POST, request.FILES)
     if not form.is_valid():
         return form_error(form)
     parent = form.cleaned_data["parent"] or conv.tip_id
     if parent is not None:
         parent = message_or_404(conv, parent).pk
-    parts = [{"type": "text", "text": form.cleaned_data["text"]}]
+    parts: list[dict[str, Any]] = []
+    for upload in form.cleaned_data["images"]:
+        try:
+            blob = services.blob_store_upload(owner=signed_in_user(request), upload=upload)
+        except ArborError as exc:
+            return HttpResponse(
+                f"{upload.name}: {exc.detail}", status=exc.status, content_type="text/plain"
+            )
+        parts.append({"type": "image", "blob": blob.sha256})
+    if form.cleaned_data["text"].strip():
+        parts.append({"type": "text", "text": form.cleaned_data["text"]})
     return _turn(request, conv, parts=parts, parent_id=parent)
 
 
