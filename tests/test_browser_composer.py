@@ -6,6 +6,7 @@ message shows the image inline, served from the blob store. At 1280 and 390 px
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 from conversations.models import Blob
 from conversations.providers.fake import Step
@@ -37,7 +38,7 @@ class ComposerImageTests(BrowserTestCase):
         self.conv.model = "anthropic/test"
         self.conv.save()
 
-    def open(self, options: dict[str, object]) -> None:
+    def open(self, options: dict[str, Any]) -> None:
         self.use(options, "painter")
         self.page.goto(self.url(f"/c/{self.conv.pk}/"))
 
@@ -51,7 +52,7 @@ class ComposerImageTests(BrowserTestCase):
         )
         return count
 
-    def check(self, options: dict[str, object], name: str) -> None:
+    def check(self, options: dict[str, Any], name: str) -> None:
         self.fake.push(Step.reply("I see two green rectangles."))
         self.open(options)
         self.paste("first.png", 30)
