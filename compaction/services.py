@@ -1055,6 +1055,12 @@ def jobs_sweep() -> dict[str, int]:
             imports_sent += 1
     for item in ImportJob.objects.filter(state=ImportState.RUNNING):
         imports_ended += tree_services.import_job_sweep(item).state == ImportState.FAILED
+    # Files kept for "import again as copies" go after IMPORT_KEEP_SECONDS.
+    kept_until = now - timedelta(seconds=tree_services.IMPORT_KEEP_SECONDS)
+    for item in ImportJob.objects.filter(state=ImportState.DONE, updated_at__lt=kept_until).exclude(
+        upload=""
+    ):
+        tree_services.import_job_sweep(item)
     return {"compaction_sent": sent, "imports_sent": imports_sent, "imports_ended": imports_ended}
 
 

@@ -175,6 +175,22 @@ class StopAndReloadTests(TransactionTestCase):
         assert len(self.fake.requests) == 1, "the question was not asked again"
         page.screenshot(path=str(SCREENSHOTS / "reload-done-1280.png"), full_page=True)
 
+    def test_reload_while_regenerating_follows_the_new_answer(self) -> None:
+        self.fake.push(Step.reply(STORY, pace=0.04))
+        page = self.open(1280, 900)
+        page.click("button.regenerate")
+        page.wait_for_function(f"() => ({LIVE_WORDS}) > 5")
+        page.reload()
+        # The new answer branches off above the message shown last: it is followed in a
+        # notice, with Stop, and the chat then shows its branch.
+        page.wait_for_selector(".running-elsewhere #live-answer")
+        assert page.is_visible(".stop-form button")
+        page.wait_for_selector("#live-answer", state="detached", timeout=30_000)
+        answer = page.locator(".msg.assistant").last
+        assert answer.locator(".parts").inner_text().strip() == STORY
+        assert answer.locator(".sib-pos").inner_text() == "2/2"
+        assert len(self.fake.requests) == 1
+
     def test_stop_after_a_reload(self) -> None:
         self.fake.push(Step.reply(STORY, pace=0.05))
         page = self.open(1280, 900)

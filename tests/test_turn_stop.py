@@ -234,8 +234,11 @@ class StopEndpointsTests(TransactionTestCase):
     def test_a_turn_on_another_branch_is_said_not_shown_below_this_one(self) -> None:
         self.running(parent=self.nodes["a"])
         page = self.client.get(f"/c/{self.conv.pk}/").content.decode()
-        assert "A turn is running on another branch" in page
-        assert 'id="live-answer"' not in page
+        assert "A turn is running from an earlier message" in page
+        # Not below this branch's last message, but followed, and stoppable.
+        assert '<li class="msg assistant live" id="live-answer"' not in page
+        assert 'class="notice running-elsewhere"' in page and 'id="live-answer"' in page
+        assert 'id="chat" class="streaming"' in page
 
     def test_stop_form_and_api(self) -> None:
         attempt = self.running()

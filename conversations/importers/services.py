@@ -50,9 +50,10 @@ class _Import:
     duplicates: str
     # Only these source keys (None: every conversation of the file).
     only: Collection[str] | None
-    # The owner's source keys before this import began (conversations of one file that
-    # share a key are all imported: they are not copies of an earlier import).
-    known: set[str] = field(default_factory=set)
+    # The owner's imported conversations (source key → id, title) before this import
+    # began: conversations of one file that share a key are all imported (they are not
+    # copies of an earlier import).
+    known: dict[str, tuple[str, str]] = field(default_factory=dict)
     calls: Calls = field(default_factory=dict)
 
 
@@ -94,7 +95,7 @@ def transcript_import(
             f"duplicates must be one of {list(DUPLICATES)}, not {duplicates!r}",
             code="bad_duplicates",
         )
-    run = _Import(owner, progress, limits, duplicates, only, known=_source_keys(owner))
+    run = _Import(owner, progress, limits, duplicates, only, known=_imported(owner))
     if path.is_dir():  # a project folder (the command line): read like an archive
         return _import_archive(run, path, filename or path.name, format)
     size = path.stat().st_size
@@ -112,26 +113,20 @@ def transcript_import(
     return report
 
 
-def _source_keys(owner: Any) -> set[str]:
+def _imported(owner: Any) -> dict[str, tuple[str, str]]:
+    """The owner's imported conversations by source key: (id, title) of the newest."""
     from conversations.models import Conversation
 
-    return set(
+    found: dict[str, tuple[str, str]] = {}
+    rows = (
         Conversation.objects.filter(owner=owner)
         .exclude(source_key="")
-        .values_list("source_key", flat=True)
+        .order_by("created_at")
+        .values_list("source_key", "id", "title")
     )
-
-
-def _imported_before(run: _Import, key: str) -> Any:
-    """The conversation this source was imported as before (the newest), if any."""
-    from conversations.models import Conversation
-
-    return (
-        Conversation.objects.filter(owner=run.owner, source_key=key)
-        .order_by("-created_at")
-        .only("id", "title")
-        .first()
-    )
+    for key, pk, title in rows.iterator():
+        found[key] = (str(pk), title)
+    return found
 
 
 def _import_file(
@@ -167,13 +162,13 @@ def _import_file(
         if run.only is not None and key not in run.only:
             continue
         if key in run.known and run.duplicates == "skip":
-            before = _imported_before(run, key)
+            existing, existing_title = run.known[key]
             report.duplicates.append(
                 {
                     "source_key": key,
                     "title": source.title,
-                    "existing": str(before.pk) if before else None,
-                    "existing_title": before.title if before else "",
+                    "existing": existing,
+                    "existing_title": existing_title,
                 }
             )
             continue
