@@ -51,7 +51,8 @@ def rows(graph: Graph, names: dict[uuid.UUID, str]) -> list[tuple[str, str, int]
 
 
 def svg_of(body: str) -> str:
-    start = body.index("<svg")
+    """The graph's drawing: the first tree-graph SVG of the page (the header has a logo)."""
+    start = body.index('<svg class="tg"')
     return body[start : body.index("</svg>", start) + len("</svg>")]
 
 
