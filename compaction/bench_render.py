@@ -1,24 +1,34 @@
 """Benchmark of the snapshot renderer: speed, tokens saved and legibility (``make bench``).
 
-``run()`` returns a dict and prints nothing. Text comes from the shared sample transcripts
-(read in place, never copied into the repository) when they exist, else from a small
-built-in English and Korean text so the bench runs anywhere.
+``run()`` returns a dict and prints nothing. Text comes from the shared sample transcripts,
+the shared DESIGN.md (English prose) and a Korean text (read in place, never copied into
+the repository) when they exist, else from a small built-in text so the bench runs
+anywhere.
+
+Text tokens are counted with real tokenizers (``compaction.bench_tokens``: o200k and
+cl100k, offline) next to Arbor's own estimate; savings are billed image tokens against
+each. Legibility is reported as the lenient CER Arbor's audit uses and as plain
+Levenshtein CER, over every row and over body rows alone (``render.ocr_page``). #17's
+goals on the Claude rule are checked per density in ``goals``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from compaction import bench_tokens
+from compaction.estimate import count_text_tokens
 from compaction.render import (
     DENSITIES,
     RenderedPage,
     Segment,
-    ocr_cer,
+    ocr_page,
     page_profile,
     render_pages,
     tesseract_available,
@@ -33,6 +43,8 @@ ENGLISH_TRANSCRIPTS = (
     "claude-code/claude-code-log__dag_compact_after_rewind.jsonl",
 )
 KOREAN_TEXT = "text/000_f44600f37aa72e34.txt"
+# English prose: the project's design document, next to the samples.
+ENGLISH_PROSE = SAMPLES.parent / "DESIGN.md"
 
 # Written for this bench (not sample data): used when the samples are absent.
 _FALLBACK_ENGLISH = (
@@ -49,8 +61,11 @@ _FALLBACK_KOREAN = (
     "요약은 마지막 수단이며 모델 호출 한 번이 필요합니다.\n"
 )
 
-# Text tokens the same content would cost (DESIGN.md §5 estimator rates).
-_CHARS_PER_TOKEN = {"english": 4.0, "korean": 1.0}
+# #17's goals on the Claude rule: image tokens at least this many times fewer than the
+# text's tokens (o200k), and a plain CER on body rows at most PLAIN_BODY_CER_GOAL.
+SAVING_GOALS = {"english": 4.0, "prose": 3.0, "korean": 4.0}
+PLAIN_BODY_CER_GOAL = 0.03
+VERDICT_ENCODING = "o200k_base"
 
 
 def _strings(value: Any) -> Iterator[str]:
@@ -110,25 +125,45 @@ def english_segments() -> list[Segment]:
     return segments
 
 
+def _pieces(text: str, prefix: str, role: str) -> list[Segment]:
+    # Cut into message-sized pieces so headers cost what they do in a real transcript.
+    pieces = [text[i : i + 800] for i in range(0, len(text), 800)]
+    return [Segment(role, f"{prefix}{i}", piece) for i, piece in enumerate(pieces)]
+
+
 def korean_segments() -> list[Segment]:
     path = SAMPLES / KOREAN_TEXT
     text = path.read_text(encoding="utf-8") if path.exists() else _FALLBACK_KOREAN * 40
-    # Cut into message-sized pieces so headers cost what they do in a real transcript.
-    pieces = [text[i : i + 800] for i in range(0, len(text), 800)]
-    return [Segment("user", f"k{i}", piece) for i, piece in enumerate(pieces)]
+    return _pieces(text, "k", "user")
 
 
-def _figures(segments: list[Segment], language: str, rule: str, density: str) -> dict[str, Any]:
+def prose_segments() -> list[Segment]:
+    path = ENGLISH_PROSE if ENGLISH_PROSE.exists() else Path(__file__).parents[1] / "README.md"
+    return _pieces(path.read_text(encoding="utf-8"), "p", "assistant")
+
+
+def text_tokens(segments: list[Segment]) -> dict[str, int]:
+    """The text's tokens per real tokenizer (when installed) and by Arbor's estimate."""
+    counted: dict[str, int] = dict(bench_tokens.count(s.text for s in segments) or {})
+    counted["arbor_estimate"] = sum(count_text_tokens(s.text) for s in segments)
+    return counted
+
+
+def _figures(
+    segments: list[Segment], tokens: dict[str, int], rule: str, density: str
+) -> dict[str, Any]:
     result = render_pages(segments, rule=rule, density=density)
     chars = sum(len(s.text) for s in segments)
     image_tokens = sum(page.billed_tokens for page in result.pages)
-    text_tokens = chars / _CHARS_PER_TOKEN[language]
     return {
         "pages": len(result.pages),
         "chars": chars,
         "image_tokens": image_tokens,
-        "text_tokens": round(text_tokens),
-        "saving": round(text_tokens / image_tokens, 2) if image_tokens else None,
+        "text_tokens": tokens,
+        "saving": {
+            name: round(count / image_tokens, 2) if image_tokens else None
+            for name, count in tokens.items()
+        },
         "chars_per_page": round(chars / len(result.pages)) if result.pages else 0,
         "missing_glyphs": result.missing_glyphs,
         "substituted": result.substituted,
@@ -164,34 +199,70 @@ def _repeat_to(segments: list[Segment], chars: int) -> list[Segment]:
 
 
 def _ocr(pages: list[RenderedPage], count: int, lang: str, height: int) -> dict[str, Any]:
-    """CER of ``count`` full pages spread evenly through the text."""
+    """Both CERs of ``count`` full pages spread evenly through the text: ``lenient``
+    (the audit's), ``plain`` and ``plain_body`` (see ``render.ocr_page``)."""
     full = [page for page in pages if page.height == height] or pages
     step = max(1, len(full) // count)
     chosen = full[step // 2 :: step][:count]
-    rates = [rate for page in chosen if (rate := ocr_cer(page, lang=lang)) is not None]
-    return {
-        "pages": len(rates),
-        "mean": round(sum(rates) / len(rates), 4) if rates else None,
-        "max": round(max(rates), 4) if rates else None,
-        "each": [round(rate, 4) for rate in rates],
-    }
+    readings = [figures for page in chosen if (figures := ocr_page(page, lang=lang))]
+    out: dict[str, Any] = {"pages": len(readings)}
+    for kind in ("lenient", "plain", "plain_body"):
+        rates = [r[kind] for r in readings if kind in r]
+        out[kind] = {
+            "mean": round(statistics.mean(rates), 4) if rates else None,
+            "max": round(max(rates), 4) if rates else None,
+            "each": [round(rate, 4) for rate in rates],
+        }
+    return out
+
+
+def _goals(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """#17's goals for one Claude profile: each figure, its goal, and whether it is met."""
+    goals = []
+    for language, goal in SAVING_GOALS.items():
+        saving = entry[language]["saving"].get(VERDICT_ENCODING)
+        goals.append(
+            {
+                "figure": f"{language} saving ({VERDICT_ENCODING})",
+                "goal": f">= {goal}x",
+                "value": saving,
+                "met": saving is not None and saving >= goal,
+            }
+        )
+        body = (entry[language].get("ocr_cer") or {}).get("plain_body", {}).get("mean")
+        goals.append(
+            {
+                "figure": f"{language} plain CER, body rows (mean)",
+                "goal": f"<= {PLAIN_BODY_CER_GOAL:.0%}",
+                "value": body,
+                "met": body is not None and body <= PLAIN_BODY_CER_GOAL,
+            }
+        )
+    return goals
 
 
 def run(*, ocr_pages: int = 4, speed_chars: int = 1_000_000) -> dict[str, Any]:
     """Speed, token saving and OCR legibility per rule and density.
 
-    Savings compare billed image tokens with the text estimate (English 4 characters per
-    token, Korean 1). ``ocr_pages`` English pages (and up to that many Korean ones) are
-    OCR'd per density on the Claude rule, about 10 s each; 0 skips OCR.
+    Savings compare billed image tokens with the text's tokens (see the module
+    docstring). ``ocr_pages`` pages of each text are OCR'd per density on the Claude
+    rule, about 10 s each; 0 skips OCR.
     """
+    wall, cpu = time.perf_counter(), time.process_time()
     english = english_segments()
     korean = korean_segments()
+    prose = prose_segments()
+    texts = {"english": english, "prose": prose, "korean": korean}
+    tokens = {language: text_tokens(segments) for language, segments in texts.items()}
     report: dict[str, Any] = {
         "samples": str(SAMPLES) if SAMPLES.exists() else "built-in fallback text",
         "english_chars": sum(len(s.text) for s in english),
+        "prose_chars": sum(len(s.text) for s in prose),
         "korean_chars": sum(len(s.text) for s in korean),
+        "tokenizers": list(bench_tokens.ENCODINGS) if bench_tokens.available() else None,
         "tesseract": tesseract_available("eng"),
         "profiles": {},
+        "goals": {},
     }
     for density in DENSITIES:
         for rule in ("claude", "openai-tile", "openai-patch", "gemini"):
@@ -201,10 +272,10 @@ def run(*, ocr_pages: int = 4, speed_chars: int = 1_000_000) -> dict[str, Any]:
                 "cell": [profile.cell_width, profile.row_height],
                 "full_page_tokens": profile.full_page_tokens,
             }
-            for language, segments in (("english", english), ("korean", korean)):
-                figures = _figures(segments, language, rule, density)
+            for language, segments in texts.items():
+                figures = _figures(segments, tokens[language], rule, density)
                 result = figures.pop("_result")
-                lang = "eng" if language == "english" else "kor"
+                lang = "kor" if language == "korean" else "eng"
                 if rule == "claude" and ocr_pages and tesseract_available(lang):
                     figures["ocr_cer"] = _ocr(result.pages, ocr_pages, lang, profile.height)
                 entry[language] = figures
@@ -214,4 +285,8 @@ def run(*, ocr_pages: int = 4, speed_chars: int = 1_000_000) -> dict[str, Any]:
                     "korean": round(_speed(_repeat_to(korean, speed_chars // 4), rule, density)),
                 }
             report["profiles"][f"{rule}/{density}"] = entry
+            if rule == "claude":
+                report["goals"][density] = _goals(entry)
+    report["wall_seconds"] = round(time.perf_counter() - wall, 1)
+    report["cpu_seconds"] = round(time.process_time() - cpu, 1)
     return report

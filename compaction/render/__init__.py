@@ -24,7 +24,7 @@ from compaction.render.engine import (
     readable,
     render_pages,
 )
-from compaction.render.ocr import cer, ocr_cer, tesseract_available
+from compaction.render.ocr import cer, ocr_cer, ocr_page, plain_cer, tesseract_available
 from compaction.render.profiles import (
     DENSITIES,
     REQUEST_LIMITS,
@@ -50,7 +50,9 @@ __all__ = [
     "cer",
     "fits_unscaled",
     "ocr_cer",
+    "ocr_page",
     "page_profile",
+    "plain_cer",
     "readable",
     "render_pages",
     "tesseract_available",

@@ -193,6 +193,66 @@ def ocr_cer(page: RenderedPage, *, lang: str = "eng", scale: int = 3) -> float |
     return cer(reference_text(page), text, lang=lang)
 
 
+def ocr_page(page: RenderedPage, *, lang: str = "eng", scale: int = 3) -> dict[str, float] | None:
+    """Both error rates of one OCR of ``page``: ``lenient`` (``cer``: whitespace ignored,
+    wildcards free, rules collapsed) and ``plain`` (``plain_cer``: every character drawn
+    counts), with ``plain_body`` for the body rows alone when the rows line up (else
+    absent); None without OCR."""
+    text = ocr_image(page.png, lang=lang, scale=scale, row_boxes=page.row_boxes)
+    if text is None:
+        return None
+    figures = {"lenient": cer(reference_text(page), text, lang=lang)}
+    figures.update(plain_cer(page.drawn, text))
+    return figures
+
+
+def plain_cer(drawn: Sequence[str], hypothesis: str) -> dict[str, float]:
+    """Plain Levenshtein CER of an OCR reading against the rows drawn, read as a person
+    would (``readable``: marks as ↵ ▸, white-on-black as plain): only runs of blanks are
+    folded to one, nothing is free. ``plain`` covers every row; ``plain_body`` only the
+    rows without a white-on-black label (message headers, escapes), when the reading has
+    one line per drawn row so the two can be matched."""
+    from compaction.render.engine import readable
+
+    def folded(line: str) -> str:
+        return " ".join(line.split())
+
+    rows = [(folded(readable(row)), any(ord(c) >= INVERT for c in row)) for row in drawn]
+    rows = [(text, labelled) for text, labelled in rows if text]
+    lines = [folded(line) for line in hypothesis.splitlines() if line.strip()]
+    if len(rows) != len(lines):
+        # Rows and lines do not pair up: the whole page at once, in a band that follows
+        # the alignment (a full table of a page's 10,000 characters squared is too slow).
+        reference = "\n".join(text for text, _ in rows)
+        errors = _distance(reference, "\n".join(lines), [False] * len(reference))
+        return {"plain": errors / max(1, len(reference))}
+    errors = counted = body_errors = body_counted = 0
+    for (text, labelled), line in zip(rows, lines, strict=True):
+        distance = _levenshtein(text, line)
+        errors, counted = errors + distance, counted + len(text)
+        if not labelled:
+            body_errors, body_counted = body_errors + distance, body_counted + len(text)
+    return {
+        "plain": errors / max(1, counted),
+        "plain_body": body_errors / max(1, body_counted),
+    }
+
+
+def _levenshtein(a: str, b: str) -> int:
+    """Edit distance (insertions, deletions, substitutions each cost one)."""
+    if len(a) < len(b):
+        a, b = b, a
+    previous = list(range(len(b) + 1))
+    for i, char in enumerate(a, 1):
+        current = [i]
+        for j, other in enumerate(b, 1):
+            current.append(
+                min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (char != other))
+            )
+        previous = current
+    return previous[-1]
+
+
 class _ReferenceTable(dict[int, str | int]):
     """``str.translate`` table from display characters to a CER reference."""
 

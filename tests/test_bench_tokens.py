@@ -1,0 +1,54 @@
+"""The compaction bench's honest measures (#17 item 2): real tokenizers, offline, and a
+plain CER beside the lenient one."""
+
+from __future__ import annotations
+
+from compaction import bench_render, bench_tokens
+from compaction.render import Segment, plain_cer
+from compaction.render.atlas import INVERT
+from compaction.render.ocr import _levenshtein
+
+
+def inverted(text: str) -> str:
+    """``text`` as drawn white on black (a message header)."""
+    return "".join(chr(INVERT + ord(c)) for c in text)
+
+
+def test_real_tokenizers_count_offline() -> None:
+    counted = bench_tokens.count(["hello world", "안녕하세요"])
+    assert counted is not None, "bpe-openai is a dev dependency"
+    o200k = bench_tokens._encoding("o200k_base")
+    assert counted["o200k_base"] == len(o200k.encode_ordinary("hello world")) + len(
+        o200k.encode_ordinary("안녕하세요")
+    )
+    assert bench_tokens.count(["hello world"]) == {"o200k_base": 2, "cl100k_base": 2}
+    # Text that looks like a special token is counted as text, not refused.
+    assert bench_tokens.count(["<|endoftext|>"])["o200k_base"] > 1  # type: ignore[index]
+
+
+def test_the_bench_reports_each_count_and_the_estimate() -> None:
+    tokens = bench_render.text_tokens([Segment("user", "a", "The quick brown fox.")])
+    assert set(tokens) == {"o200k_base", "cl100k_base", "arbor_estimate"}
+    assert tokens["o200k_base"] == 5
+
+
+def test_levenshtein() -> None:
+    assert _levenshtein("kitten", "sitting") == 3
+    assert _levenshtein("", "abc") == 3 and _levenshtein("same", "same") == 0
+
+
+def test_plain_cer_counts_every_character_and_separates_body_rows() -> None:
+    drawn = [inverted(" user abc123 "), "hello world", "x = 1\n"]
+    # The header read badly, one body letter wrong, the ↵ mark read as nothing.
+    reading = "user abcl23\nhello wor1d\nx = 1\n"
+    figures = plain_cer(drawn, reading)
+    body = ["hello world", "x = 1↵"]
+    header = "user abc123"
+    assert figures["plain_body"] == (1 + 1) / sum(map(len, body))
+    assert figures["plain"] == (1 + 1 + 1) / (sum(map(len, body)) + len(header))
+
+
+def test_plain_cer_without_matching_lines_compares_the_page_whole() -> None:
+    figures = plain_cer(["one line", "two line"], "one line two line")
+    assert set(figures) == {"plain"}
+    assert 0 < figures["plain"] < 0.2
