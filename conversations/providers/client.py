@@ -171,7 +171,13 @@ class DeadlineTransport(httpx2.HTTPTransport):
                     sock.shutdown(socket.SHUT_RDWR)
 
     def _trace(self, event: str, info: dict[str, Any]) -> None:
-        if event in ("connection.connect_tcp.complete", "connection.connect_unix_socket.complete"):
+        # The TLS stream wraps the TCP one and takes its socket over: shutting the TCP
+        # one's socket down then fails (a closed descriptor), so both are kept.
+        if event in (
+            "connection.connect_tcp.complete",
+            "connection.connect_unix_socket.complete",
+            "connection.start_tls.complete",
+        ):
             stream = info.get("return_value")
             if stream is not None:
                 self._streams.add(stream)
