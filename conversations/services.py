@@ -1046,6 +1046,7 @@ def import_job_again(*, owner: User, job_id: Any) -> Any:
     moves to the new job (one job holds it at a time)."""
     from conversations.models import ImportJob, ImportState
 
+    job_id = selectors.import_job_get(owner=owner, job_id=job_id).pk  # NotFound otherwise
     with transaction.atomic():
         earlier = (
             ImportJob.objects.select_for_update()
@@ -1202,8 +1203,14 @@ def import_job_sweep(job: Any) -> Any:
 
     if job.state == ImportState.DONE and job.upload:
         if timezone.now() - job.updated_at > timedelta(seconds=IMPORT_KEEP_SECONDS):
-            _import_upload_drop(job)
-            type(job).objects.filter(pk=job.pk).update(upload="")
+            # Claimed first: an "import again" that took the file over meanwhile keeps it.
+            claimed = (
+                type(job)
+                .objects.filter(pk=job.pk, state=ImportState.DONE, upload=job.upload.name)
+                .update(upload="")
+            )
+            if claimed:
+                _import_upload_drop(job)
             job.upload = ""
         return job
     if job.state != ImportState.RUNNING or not job.worker:

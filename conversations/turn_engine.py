@@ -65,6 +65,10 @@ class _Stopped(Exception):
     """Someone asked the turn to stop: it ends with what it has."""
 
 
+# The code a completed attempt records when it was stopped (its answer is partial).
+STOPPED = "stopped"
+
+
 class TurnRun:
     """The state of one turn while it runs: where it will be written (a rewind moves
     that), the messages so far, and what the client was already told."""
@@ -163,7 +167,7 @@ class TurnRun:
         except _Stopped:
             stopped = True
             self.turn.append(self._stopped_answer())
-        result = self._persist()
+        result = self._persist(code=STOPPED if stopped else "")
         compaction.compaction_enqueue_if_due(
             conversation=self.conversation,
             spec=self.spec,
@@ -191,7 +195,7 @@ class TurnRun:
             "metadata": {"stopped": True},
         }
 
-    def _persist(self) -> services.TurnResult:
+    def _persist(self, *, code: str = "") -> services.TurnResult:
         # The turn and its attempt's "completed" commit together: a process killed
         # between the two would leave a whole turn whose attempt looks interrupted, and
         # retry would run it again.
@@ -205,7 +209,7 @@ class TurnRun:
                 origin=Origin.TURN if self.persisted else self.origin,
             )
             services.turn_attempt_finish(
-                attempt=self.attempt, status=AttemptStatus.COMPLETED, tip=result.tip
+                attempt=self.attempt, status=AttemptStatus.COMPLETED, code=code, tip=result.tip
             )
         self.finished = True
         return result

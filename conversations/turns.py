@@ -39,7 +39,7 @@ from conversations.models import (
 from conversations.parts import clean_messages
 from conversations.providers import ModelSpec, make_provider, resolve_model
 from conversations.resume import ResumeReport
-from conversations.turn_engine import TurnRun
+from conversations.turn_engine import STOPPED, TurnRun
 
 # ``make_provider`` is exported: a turn looks it up in this module when it opens the
 # provider, so a bench (or a test) swaps the provider by setting ``turns.make_provider``.
@@ -121,16 +121,20 @@ def turn_stop(*, conversation: Conversation, attempt_id: Any = None) -> list[uui
     whichever process runs it: the run cuts the model's request and writes what
     streamed as a partial answer marked ``stopped``. Returns the attempts asked;
     NothingRunning when no turn is running (or only one whose process is gone)."""
-    asked = [
-        a.pk
+    candidates = [
+        a
         for a in turn_running(conversation=conversation)
         if attempt_id is None or str(a.pk) == str(attempt_id)
     ]
+    asked = []
+    for attempt in candidates:
+        # Only while it still runs: a turn that ended a moment ago is not marked.
+        if attempt.stop_requested_at is not None or TurnAttempt.objects.filter(
+            pk=attempt.pk, status=AttemptStatus.RUNNING, stop_requested_at__isnull=True
+        ).update(stop_requested_at=timezone.now()):
+            asked.append(attempt.pk)
     if not asked:
         raise NothingRunning("no turn is running in this conversation")
-    TurnAttempt.objects.filter(pk__in=asked, stop_requested_at__isnull=True).update(
-        stop_requested_at=timezone.now()
-    )
     return asked
 
 
@@ -152,7 +156,9 @@ def turn_follow(*, attempt_id: uuid.UUID) -> Iterator[dict[str, Any]]:
             yield {"event": "error", "error": "interrupted", "detail": "the turn's process stopped"}
             return
         if attempt.status == AttemptStatus.COMPLETED:
-            stopped = attempt.stop_requested_at is not None
+            # Stop asked as the last round ended leaves a whole answer: only the run
+            # says whether it stopped (turn_engine records "stopped").
+            stopped = attempt.error_code == STOPPED
             yield {"event": "done", "attempt": str(attempt.pk), "stopped": stopped}
             return
         if attempt.status == AttemptStatus.FAILED:

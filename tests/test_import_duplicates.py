@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import uuid
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,31 @@ class DuplicatePagesTests(TestCase):
         assert not job.upload and not path.exists()
         page = self.client.get(f"/import/{job.pk}/").content.decode()
         assert "upload the file again" in page
+
+    def test_a_malformed_or_unknown_id_is_a_404(self) -> None:
+        assert self.client.post("/import/not-a-uuid/again/").status_code == 404
+        assert self.client.post(f"/import/{uuid.uuid4()}/again/").status_code == 404
+
+    def test_the_day_old_sweep_leaves_a_file_another_job_took_over(self) -> None:
+        self.upload(SAMPLE)
+        job = self.upload(SAMPLE)
+        stale = ImportJob.objects.get(pk=job.pk)  # read before the file moved
+        with self.captureOnCommitCallbacks(execute=False):  # the copy job is not run
+            again = services.import_job_again(owner=self.user, job_id=job.pk)
+        ImportJob.objects.filter(pk=job.pk).update(updated_at=timezone.now() - timedelta(days=2))
+        stale.updated_at = timezone.now() - timedelta(days=2)
+        services.import_job_sweep(stale)
+        again.refresh_from_db()
+        assert again.upload and Path(again.upload.path).exists()
+
+    def test_deleting_the_user_deletes_the_kept_file(self) -> None:
+        self.upload(SAMPLE)
+        job = self.upload(SAMPLE)
+        path = Path(job.upload.path)
+        assert path.exists()
+        with self.captureOnCommitCallbacks(execute=True):
+            self.user.delete()
+        assert not path.exists()
 
     def test_a_stranger_cannot_import_someone_elses_file_again(self) -> None:
         self.upload(SAMPLE)

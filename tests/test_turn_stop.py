@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
+from unittest import mock
 
 from django.test import TransactionTestCase
 from django.utils import timezone
@@ -109,6 +110,7 @@ class StopTests(TransactionTestCase):
         wait_until(lambda: self.last_request().cut, "the model's request cut")
         attempt = TurnAttempt.objects.get(pk=asked[0])
         assert attempt.status == AttemptStatus.COMPLETED and attempt.live == {}
+        assert attempt.error_code == "stopped"
         self.assert_clean_boundary(self.conv)
         # A stopped turn is a completed one: nothing to retry, nothing to stop.
         with self.assertRaises(turns.NothingToRetry):
@@ -277,6 +279,23 @@ class StopEndpointsTests(TransactionTestCase):
             f"/api/conversations/{self.conv.pk}/stop", HTTP_AUTHORIZATION=f"Bearer {token}"
         )
         assert response.status_code == 409 and response.json()["error"] == "nothing_running"
+
+    def test_a_turn_that_ends_as_stop_is_asked_is_not_marked(self) -> None:
+        attempt = self.running()
+        seen_running = TurnAttempt.objects.get(pk=attempt.pk)
+        # It completes between stop's look and its write.
+        services.turn_attempt_finish(attempt=attempt, status=AttemptStatus.COMPLETED)
+        with (
+            mock.patch.object(turns, "turn_running", return_value=[seen_running]),
+            self.assertRaises(turns.NothingRunning),
+        ):
+            turns.turn_stop(conversation=self.conv)
+        attempt.refresh_from_db()
+        assert attempt.stop_requested_at is None
+        # A stop asked as the last round ended: the answer is whole, and followers say so.
+        TurnAttempt.objects.filter(pk=attempt.pk).update(stop_requested_at=timezone.now())
+        (done,) = turns.turn_follow(attempt_id=attempt.pk)
+        assert done == {"event": "done", "attempt": str(attempt.pk), "stopped": False}
 
     def test_a_stranger_can_neither_stop_nor_follow(self) -> None:
         attempt = self.running()
