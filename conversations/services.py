@@ -13,7 +13,7 @@ import io
 import json
 import os
 import secrets
-import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -373,16 +373,30 @@ def turn_attempt_start(
         raise NotFound(f"no such conversation: {conversation.pk}") from None
 
 
-def turn_attempt_lease(*, attempt: TurnAttempt) -> Heartbeat:
-    """Keeps a running attempt's heartbeat fresh on a timer, whatever the model is doing:
-    a model silent for minutes is still a turn in progress (retry refuses it), and a
-    process that died stops renewing, so its attempt goes stale. Use it as ``with``."""
+def turn_attempt_lease(*, attempt: TurnAttempt, on_stop: Callable[[], object]) -> Heartbeat:
+    """One thread (and one connection) per running turn, for as long as it runs (use it
+    as ``with``). Every ARBOR_TURN_STOP_POLL_SECONDS it looks whether someone asked the
+    turn to stop, from any process, and calls ``on_stop`` once when they did: the run
+    may be blocked reading a silent model, so it cannot look itself. Every
+    ARBOR_ATTEMPT_STALE_SECONDS / 4 it renews the attempt's heartbeat, whatever the model
+    is doing: a model silent for minutes is still a turn in progress (retry refuses it),
+    and a process that died stops renewing, so its attempt goes stale."""
     running = TurnAttempt.objects.filter(pk=attempt.pk, status=AttemptStatus.RUNNING)
-    return Heartbeat(
-        lambda: running.update(heartbeat_at=timezone.now()),
-        settings.ARBOR_ATTEMPT_STALE_SECONDS / 4,
-        name="arbor-turn-lease",
-    )
+    asked = TurnAttempt.objects.filter(pk=attempt.pk, stop_requested_at__isnull=False)
+    every = settings.ARBOR_ATTEMPT_STALE_SECONDS / 4
+    state = {"renewed": time.monotonic(), "stopped": False}
+
+    def beat() -> None:
+        now = time.monotonic()
+        if now - state["renewed"] >= every:
+            state["renewed"] = now
+            running.update(heartbeat_at=timezone.now())
+        if not state["stopped"] and asked.exists():
+            state["stopped"] = True
+            on_stop()
+
+    interval = min(settings.ARBOR_TURN_STOP_POLL_SECONDS, every)
+    return Heartbeat(beat, interval, name="arbor-turn-lease")
 
 
 def turn_attempt_heartbeat(*, attempt: TurnAttempt) -> None:
@@ -398,22 +412,6 @@ def turn_attempt_live(*, attempt: TurnAttempt, live: dict[str, Any]) -> None:
     """Record what the running turn has streamed so far: a chat reloaded mid-answer shows
     it and follows it (``TurnAttempt.live``). The transcript is not touched."""
     TurnAttempt.objects.filter(pk=attempt.pk, status=AttemptStatus.RUNNING).update(live=live)
-
-
-def turn_attempt_stop_watch(*, attempt: TurnAttempt, on_stop: Callable[[], object]) -> Heartbeat:
-    """Looks, every ARBOR_TURN_STOP_POLL_SECONDS on a thread of its own, whether someone
-    asked the running attempt to stop (from any process), and calls ``on_stop`` once when
-    they did: the run may be blocked reading a silent model, so it cannot look itself.
-    Only reads: it never waits on a lock the turn holds. Use it as ``with``."""
-    asked = TurnAttempt.objects.filter(pk=attempt.pk, stop_requested_at__isnull=False)
-    seen = threading.Event()
-
-    def look() -> None:
-        if not seen.is_set() and asked.exists():
-            seen.set()
-            on_stop()
-
-    return Heartbeat(look, settings.ARBOR_TURN_STOP_POLL_SECONDS, name="arbor-turn-stop")
 
 
 def turn_attempt_rebase(*, attempt: TurnAttempt, parent_id: uuid.UUID) -> None:
@@ -847,17 +845,38 @@ def _write_atomically(name: str, data: bytes | Iterable[bytes]) -> None:
 
 def blob_store_upload(*, owner: User, upload: Any) -> Blob:
     """``blob_store`` of an uploaded file, refused by its size before it is read."""
+    return blob_store(owner=owner, data=_upload_bytes(upload))
+
+
+def blob_store_uploads(*, owner: User, uploads: list[Any]) -> list[Blob]:
+    """Store several uploaded images, all or none: each is checked before any is stored,
+    and a refusal names the file."""
+    checked = []
+    for upload in uploads:
+        try:
+            data = _upload_bytes(upload)
+            blob_check(data)
+        except ArborError as exc:
+            exc.detail = f"{upload.name}: {exc.detail}"
+            raise
+        checked.append(data)
+    return [blob_store(owner=owner, data=data) for data in checked]
+
+
+def _upload_bytes(upload: Any) -> bytes:
     if upload.size is not None and upload.size > settings.ARBOR_MAX_BLOB_BYTES:
         raise InvalidInput(
             f"the image is {upload.size} bytes; the limit is {settings.ARBOR_MAX_BLOB_BYTES}",
             code="blob_too_large",
         )
-    return blob_store(owner=owner, data=upload.read())
+    data: bytes = upload.read()
+    return data
 
 
-def blob_store(*, owner: User, data: bytes) -> Blob:
-    """Store an image by the sha256 of its bytes. Only PNG, JPEG, WebP and GIF within the
-    byte and pixel limits are accepted (never SVG: it can carry script)."""
+def blob_check(data: bytes) -> tuple[str, int, int]:
+    """The image's (format, width, height) if it may be stored, else InvalidInput: only
+    PNG, JPEG, WebP and GIF within the byte and pixel limits (never SVG: it can carry
+    script)."""
     if len(data) > settings.ARBOR_MAX_BLOB_BYTES:
         raise InvalidInput(
             f"the image is {len(data)} bytes; the limit is {settings.ARBOR_MAX_BLOB_BYTES}",
@@ -899,6 +918,13 @@ def blob_store(*, owner: User, data: bytes) -> Blob:
         raise InvalidInput(
             f"{kind} images are not accepted; use PNG, JPEG, WebP or GIF", code="unsupported_image"
         )
+    return kind, width, height
+
+
+def blob_store(*, owner: User, data: bytes) -> Blob:
+    """Store an image by the sha256 of its bytes (``blob_check`` says which are
+    accepted)."""
+    kind, width, height = blob_check(data)
     sha = hashlib.sha256(data).hexdigest()
     name = f"blobs/{sha[:2]}/{sha}.{_ALLOWED_IMAGE_FORMATS[kind]}"
     # Content-addressed: the same bytes always land at the same name, so writing the file

@@ -124,10 +124,7 @@ class TurnRun:
     def events(self) -> Iterator[Event]:
         """Everything after the ``attempt`` event, ending with ``done`` or ``error``; the
         attempt ends with the run however it ends, its lease renewed until then."""
-        with (
-            services.turn_attempt_lease(attempt=self.attempt),
-            services.turn_attempt_stop_watch(attempt=self.attempt, on_stop=self._on_stop),
-        ):
+        with services.turn_attempt_lease(attempt=self.attempt, on_stop=self._on_stop):
             try:
                 yield from self._run()
             except (ProviderError, ArborError) as exc:

@@ -166,15 +166,25 @@ def turn_follow(*, attempt_id: uuid.UUID) -> Iterator[dict[str, Any]]:
             yield {"event": "error", "error": attempt.error_code, "detail": text}
             return
         if attempt.live != shown:
+            yield _live_event(shown, attempt.live)
             shown = attempt.live
             quiet_since = time.monotonic()
-            yield {"event": "live", "text": "", "tools": [], **attempt.live}
         elif time.monotonic() - quiet_since > FOLLOW_KEEPALIVE_SECONDS:
             # A model (or a tool) silent for a while: a sign of life, so a client that
             # went away is noticed and this stream ends with it.
             quiet_since = time.monotonic()
             yield {"event": "waiting"}
         time.sleep(settings.ARBOR_TURN_STOP_POLL_SECONDS)
+
+
+def _live_event(before: Any, now: dict[str, Any]) -> dict[str, Any]:
+    """What a follower is sent when the live answer changed: the text it lacks
+    (``append``), or the whole text when it does not simply continue what was sent."""
+    text, tools = now.get("text", ""), now.get("tools", [])
+    sent = (before or {}).get("text") if before is not None else None
+    if sent is not None and text.startswith(sent):
+        return {"event": "live", "append": text[len(sent) :], "tools": tools}
+    return {"event": "live", "text": text, "tools": tools}
 
 
 # --- running a turn ------------------------------------------------------------------

@@ -44,7 +44,11 @@
     } catch (e) {
       return;
     }
-    if (name === "delta") {
+    if (name === "attempt") {
+      // Stop names this turn, not whatever else runs in the conversation.
+      var asked = document.querySelector(".stop-form input[name=attempt]");
+      if (asked) asked.value = payload.attempt || "";
+    } else if (name === "delta") {
       out.textContent += payload.text || "";
     } else if (name === "tool_call") {
       var note = document.createElement("div");
@@ -133,6 +137,8 @@
       out.textContent += "\n[the connection was lost; reload to see what was saved]";
     } finally {
       chat.classList.remove("streaming");
+      var stopButton = document.querySelector(".stop-form button");
+      if (stopButton) { stopButton.disabled = false; stopButton.textContent = "Stop"; }
       // The saved turn, rendered (markdown, versions, actions), replaces the live text.
       if (ok) refreshChat();
     }
@@ -140,7 +146,9 @@
 
   function showLive(answer, payload) {
     var out = answer.querySelector(".live-text");
-    if (out) out.textContent = payload.text || "";
+    // The first event has the text so far; the next ones only what was added.
+    if (out && typeof payload.append === "string") out.textContent += payload.append;
+    else if (out) out.textContent = payload.text || "";
     Array.prototype.forEach.call(answer.querySelectorAll(".live-tool"), function (n) { n.remove(); });
     (payload.tools || []).forEach(function (name) {
       var note = document.createElement("div");
@@ -156,16 +164,20 @@
   function follow() {
     var answer = document.getElementById("live-answer");
     var url = answer && answer.getAttribute("data-live-url");
-    if (!url || !window.EventSource || following) return;
+    if (!url || !window.EventSource) return;
+    // A chat redrawn mid-turn (a version switch) follows afresh: the new page's text
+    // comes whole in the first event.
+    if (following) following.close();
     var source = new EventSource(url);
     following = source;
     function end() {
       source.close();
-      following = null;
+      if (following === source) following = null;
       refreshChat();
     }
     source.addEventListener("live", function (event) {
-      try { showLive(answer, JSON.parse(event.data)); } catch (e) { /* a torn event: wait for the next */ }
+      var shown = document.getElementById("live-answer");
+      try { if (shown) showLive(shown, JSON.parse(event.data)); } catch (e) { /* a torn event: wait for the next */ }
     });
     source.addEventListener("done", end);
     source.addEventListener("error", function (event) {
@@ -211,7 +223,9 @@
   document.addEventListener("DOMContentLoaded", function () { addCopyButtons(document); });
   document.addEventListener("htmx:load", function (event) { addCopyButtons(event.target); });
   document.addEventListener("htmx:load", function (event) {
-    if (event.target && event.target.id === "chat") follow();
+    if (event.target && event.target.id !== "chat") return;
+    if (document.getElementById("live-answer")) follow();
+    else if (following) { following.close(); following = null; }
   });
 
   // Stop: the running turn keeps what streamed as a partial answer; its stream (or the
@@ -281,10 +295,13 @@
   document.addEventListener("paste", function (event) {
     var form = event.target.closest ? event.target.closest("#composer") : null;
     if (!form || !event.clipboardData || !window.DataTransfer) return;
+    // Office apps and some pages put a picture of the selection beside its text: text
+    // pastes as text, and only an image without text is attached.
+    if ((event.clipboardData.getData("text/plain") || "").trim()) return;
     var pasted = Array.prototype.filter.call(event.clipboardData.files || [], function (file) {
       return /^image\//.test(file.type);
     });
-    if (!pasted.length) return;  // text is pasted as usual
+    if (!pasted.length) return;
     event.preventDefault();
     setAttachments(form, Array.prototype.slice.call(composerImages(form).files).concat(pasted));
   });
@@ -323,7 +340,7 @@
       to = Math.max(0, Math.min(messages.length - 1, to));
       messages[to].focus();
       event.preventDefault();
-    } else if (event.key === "[" || event.key === "]") {
+    } else if ((event.key === "[" || event.key === "]") && !document.querySelector("#chat.streaming")) {
       // The selected message, else the last one that has other versions.
       var msg = current;
       if (!msg || !msg.querySelector(".siblings")) {

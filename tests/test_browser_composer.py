@@ -90,6 +90,29 @@ class ComposerImageTests(BrowserTestCase):
     def test_paste_remove_and_send_images_on_a_phone(self) -> None:
         self.check(PHONE, "390")
 
+    def test_text_pasted_with_a_picture_of_it_is_not_attached(self) -> None:
+        # Office apps put a picture of the selection beside its text.
+        self.open(DESKTOP)
+        data = base64.b64encode(png_bytes(width=30, height=20)).decode()
+        self.page.evaluate(
+            """([data]) => {
+              const bytes = Uint8Array.from(atob(data), c => c.charCodeAt(0));
+              const transfer = new DataTransfer();
+              transfer.setData('text/plain', 'A1 B1 C1');
+              transfer.items.add(new File([bytes], 'cells.png', {type: 'image/png'}));
+              document.querySelector('#composer textarea').dispatchEvent(new ClipboardEvent(
+                'paste', {clipboardData: transfer, bubbles: true, cancelable: true}));
+            }""",
+            [data],
+        )
+        assert self.page.locator("#composer .attachments img").count() == 0
+        assert (
+            self.page.evaluate(
+                "document.querySelector('#composer input[name=images]').files.length"
+            )
+            == 0
+        )
+
     def test_choose_an_image_with_the_paperclip(self) -> None:
         self.fake.push(Step.reply("A picture."))
         self.open(DESKTOP)

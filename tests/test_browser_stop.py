@@ -17,7 +17,7 @@ from typing import Any
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.test import TransactionTestCase
 
-from conversations.models import Message
+from conversations.models import AttemptStatus, Message, TurnAttempt
 from conversations.providers.fake import FakeLLMServer, Step
 from tests.builders import make_user, new_conversation
 from tests.fake_models import child_env, serve_fake_models
@@ -129,6 +129,9 @@ class StopAndReloadTests(TransactionTestCase):
         box = stop.bounding_box()
         assert box["height"] >= 40 and box["width"] >= 40, box
         page.screenshot(path=str(SCREENSHOTS / f"stop-streaming-{name}.png"))
+        # Stop names this turn (a second tab's turn in the same chat runs on).
+        running = TurnAttempt.objects.get(conversation=self.conv, status=AttemptStatus.RUNNING)
+        assert page.input_value(".stop-form input[name=attempt]") == str(running.pk)
         stop.click()
         page.wait_for_selector(".msg.assistant .badge.stopped")
         assert page.locator("#live-answer").count() == 0

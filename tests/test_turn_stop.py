@@ -186,7 +186,12 @@ class StopTests(TransactionTestCase):
         attempt = TurnAttempt.objects.get(conversation=self.conv, status=AttemptStatus.RUNNING)
         followed = list(turns.turn_follow(attempt_id=attempt.pk))
         run.join()
-        live = [e["text"] for e in followed if e["event"] == "live"]
+        # The first event has the text so far, the next ones only what was added.
+        assert "text" in followed[0] and all("append" in e for e in followed[1:-1]), followed
+        live, text = [], ""
+        for event in followed[:-1]:
+            text = event["text"] if "text" in event else text + event["append"]
+            live.append(text)
         assert len(live) >= 2, followed
         assert all(LONG.startswith(t) for t in live) and len(set(live)) == len(live)
         assert followed[-1] == {"event": "done", "attempt": str(attempt.pk), "stopped": False}

@@ -82,15 +82,13 @@ def message_send(request: HtmxHttpRequest, cid: str) -> HttpResponseBase:
     parent = form.cleaned_data["parent"] or conv.tip_id
     if parent is not None:
         parent = message_or_404(conv, parent).pk
-    parts: list[dict[str, Any]] = []
-    for upload in form.cleaned_data["images"]:
-        try:
-            blob = services.blob_store_upload(owner=signed_in_user(request), upload=upload)
-        except ArborError as exc:
-            return HttpResponse(
-                f"{upload.name}: {exc.detail}", status=exc.status, content_type="text/plain"
-            )
-        parts.append({"type": "image", "blob": blob.sha256})
+    try:
+        blobs = services.blob_store_uploads(
+            owner=signed_in_user(request), uploads=form.cleaned_data["images"]
+        )
+    except ArborError as exc:  # names the file; none was stored
+        return _refused(exc)
+    parts: list[dict[str, Any]] = [{"type": "image", "blob": b.sha256} for b in blobs]
     if form.cleaned_data["text"].strip():
         parts.append({"type": "text", "text": form.cleaned_data["text"]})
     return _turn(request, conv, parts=parts, parent_id=parent)
