@@ -117,7 +117,8 @@ class TurnRun:
         self.live_text: list[str] = []
         self.live_tools: list[str] = []
         self.round_text: list[str] = []
-        self._live_at = 0.0
+        # A turn that ends within ARBOR_TURN_LIVE_SECONDS never writes it (most do).
+        self._live_at = time.monotonic()
 
     # --- the attempt's lifecycle ----------------------------------------------------
 

@@ -181,7 +181,8 @@ def _live_event(before: Any, now: dict[str, Any]) -> dict[str, Any]:
     """What a follower is sent when the live answer changed: the text it lacks
     (``append``), or the whole text when it does not simply continue what was sent."""
     text, tools = now.get("text", ""), now.get("tools", [])
-    sent = (before or {}).get("text") if before is not None else None
+    # None: nothing sent yet; a live state with no text yet was sent as "".
+    sent = before.get("text", "") if before is not None else None
     if sent is not None and text.startswith(sent):
         return {"event": "live", "append": text[len(sent) :], "tools": tools}
     return {"event": "live", "text": text, "tools": tools}
