@@ -188,6 +188,7 @@ class StopAndReloadTests(TransactionTestCase):
         # notice, with Stop, and the chat then shows its branch.
         page.wait_for_selector(".running-elsewhere #live-answer")
         assert page.is_visible(".stop-form button")
+        page.screenshot(path=str(SCREENSHOTS / "reload-regenerating-1280.png"))
         page.wait_for_selector("#live-answer", state="detached", timeout=30_000)
         answer = page.locator(".msg.assistant").last
         assert answer.locator(".parts").inner_text().strip() == STORY
