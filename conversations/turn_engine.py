@@ -44,6 +44,7 @@ from conversations.models import (
 )
 from conversations.parts import DraftMessage
 from conversations.providers import (
+    CallCancelled,
     ContextOverflow,
     Done,
     ModelSpec,
@@ -312,8 +313,10 @@ class TurnRun:
                 elif (shown := _stream_event(event)) is not None:
                     self._watched(event)
                     yield shown
+        except CallCancelled:  # the lease thread cut the request before it answered
+            raise _Stopped from None
         except ProviderError:
-            if self.stopping.is_set():  # the watcher cut the request
+            if self.stopping.is_set():  # the lease thread cut the request
                 raise _Stopped from None
             raise
         assert reply is not None  # stream() raises rather than end without Done

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from conversations.providers.billing import BILLING_RULES, image_tokens
     from conversations.providers.client import (
         AnthropicProvider,
+        CallCancelled,
         ClientSettings,
         OpenAIProvider,
         Provider,
@@ -72,6 +73,7 @@ _LAZY = {
     "AuthenticationFailed": "conversations.providers.errors",
     "BILLING_RULES": "conversations.providers.billing",
     "BadRequest": "conversations.providers.errors",
+    "CallCancelled": "conversations.providers.client",
     "ClientSettings": "conversations.providers.client",
     "ContextOverflow": "conversations.providers.errors",
     "Done": "conversations.providers.base",
@@ -120,6 +122,7 @@ __all__ = [
     "AnthropicProvider",
     "AuthenticationFailed",
     "BadRequest",
+    "CallCancelled",
     "ClientSettings",
     "ContextOverflow",
     "Done",

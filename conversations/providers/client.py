@@ -129,6 +129,12 @@ class FirstByteTimeout(httpx2.ReadTimeout):
     """A streamed call's response did not begin within ClientSettings.first_byte."""
 
 
+class CallCancelled(BaseException):
+    """``Provider.cancel()`` cut the call. A BaseException on purpose: the SDKs retry a
+    call after any Exception (with a backoff of a second or more), and a cancelled call
+    must end at once; the turn engine catches it."""
+
+
 class _DeadlineStream(httpx2.SyncByteStream):
     def __init__(self, inner: Any, deadline_at: float, request: httpx2.Request) -> None:
         self.inner, self.deadline_at, self.request = inner, deadline_at, request
@@ -184,7 +190,7 @@ class DeadlineTransport(httpx2.HTTPTransport):
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         if self.cancelled:
-            raise httpx2.ConnectError("the call was cancelled", request=request)
+            raise CallCancelled
         request.extensions["trace"] = self._trace
         deadline_at, first_byte = self.deadline_at, self.first_byte
         timeout = dict(request.extensions.get("timeout") or {})
@@ -206,6 +212,10 @@ class DeadlineTransport(httpx2.HTTPTransport):
                 raise FirstByteTimeout(
                     f"no response within {first_byte:g} s", request=request
                 ) from exc
+            raise
+        except Exception as exc:
+            if self.cancelled:  # the socket was shut down under the waiting read
+                raise CallCancelled from exc
             raise
         # httpcore reads the timeouts of the body from this same mapping when the body
         # is first read, which is after this returns.
@@ -531,8 +541,8 @@ class Provider(ABC):
 
     def cancel(self) -> None:
         """Stop the call in progress from another thread (a user pressed Stop): the
-        request is cut at once, even while the model is silent, and raises a
-        ProviderError in the thread that made it."""
+        request is cut at once, even while the model is silent; the thread that made it
+        gets a ProviderError (the answer had begun) or CallCancelled (it had not)."""
         self._transport.cancel()
 
     def _start_call(self, *, streaming: bool = False) -> None:
