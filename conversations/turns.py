@@ -140,10 +140,10 @@ def turn_stop(*, conversation: Conversation, attempt_id: Any = None) -> list[uui
 
 def turn_follow(*, attempt_id: uuid.UUID) -> Iterator[dict[str, Any]]:
     """Follow a running turn from another request (a chat reloaded mid-answer): a
-    ``live`` event with everything streamed so far whenever it grew, read from the
-    attempt's row every ARBOR_TURN_STOP_POLL_SECONDS, whichever process runs the turn;
-    last ``done`` (with ``stopped``) or ``error`` when the attempt ended or its process
-    died."""
+    ``live`` event with what streamed so far, then one with what was added whenever it
+    grew (read from the attempt's row every ARBOR_TURN_STOP_POLL_SECONDS, whichever
+    process runs the turn); last ``done`` (with ``stopped``) or ``error`` when the
+    attempt ended or its process died."""
     rows = TurnAttempt.objects.filter(pk=attempt_id)
     shown: Any = None
     quiet_since = time.monotonic()
