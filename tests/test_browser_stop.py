@@ -9,20 +9,24 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from typing import Any
 
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.test import TransactionTestCase
 
+from conversations.management.liveserver import uvicorn
 from conversations.models import AttemptStatus, Message, TurnAttempt
 from conversations.providers.fake import FakeLLMServer, Step
 from tests.builders import make_user, new_conversation
 from tests.fake_models import child_env, serve_fake_models
-from tests.test_asgi_streaming import ROOT, free_port
-from tests.test_browser_ui import ARGS, CHROMIUM, INIT_SCRIPT, SCREENSHOTS, _browser_available
+from tests.test_browser_ui import (
+    INIT_SCRIPT,
+    SCREENSHOTS,
+    _browser_available,
+    start_chromium,
+    stop_chromium,
+)
 
 STORY = " ".join(f"w{i}" for i in range(160))
 # The words of the live answer on the page (0 when there is none).
@@ -37,16 +41,11 @@ class StopAndReloadTests(TransactionTestCase):
     def setUpClass(cls) -> None:
         _browser_available()
         super().setUpClass()
-        from playwright.sync_api import sync_playwright
-
-        cls.playwright = sync_playwright().start()
-        cls.browser = cls.playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        cls.playwright, cls.browser = start_chromium()
 
     @classmethod
     def tearDownClass(cls) -> None:
-        cls.browser.close()
-        cls.playwright.stop()
+        stop_chromium(cls.playwright, cls.browser)
         super().tearDownClass()
 
     def setUp(self) -> None:
@@ -54,15 +53,9 @@ class StopAndReloadTests(TransactionTestCase):
         models = serve_fake_models(self.fake)
         models.__enter__()
         self.addCleanup(models.__exit__, None, None, None)
-        self.port = free_port()
+        # The `make run` server on this test's database (it is up once this returns).
         env = dict(child_env(), ALLOWED_HOSTS="127.0.0.1", ARBOR_INPROCESS_JOBS="thread")
-        server = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "arbor.asgi:application",
-             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
-            cwd=ROOT, env=env,
-        )  # fmt: skip
-        self.addCleanup(server.wait, 20)
-        self.addCleanup(server.terminate)
+        self.port = self.enterContext(uvicorn(env))
         self.user = make_user("reader")
         # The server keeps Django's real password hashers (the tests' fast one is not
         # among them): a PBKDF2 hash it can check, with few rounds.
@@ -71,20 +64,6 @@ class StopAndReloadTests(TransactionTestCase):
         self.conv, _ = new_conversation(self.user, "Hello>Hi there")
         self.conv.model = "openai/test"
         self.conv.save()
-        self.wait_for_server(server)
-
-    def wait_for_server(self, server: subprocess.Popen[bytes]) -> None:
-        import socket
-
-        deadline = time.monotonic() + 30
-        while True:
-            assert server.poll() is None, "uvicorn exited"
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                assert time.monotonic() < deadline, "uvicorn did not start"
-                time.sleep(0.2)
 
     def open(self, width: int, height: int) -> Any:
         context = self.browser.new_context(viewport={"width": width, "height": height})

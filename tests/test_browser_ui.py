@@ -60,6 +60,23 @@ def _browser_available() -> None:
         raise SkipTest(f"browser tests skipped: {missing}")
 
 
+def start_chromium() -> tuple[Any, Any]:
+    """Playwright and Debian's Chromium, started (stop with ``stop_chromium``); a test
+    class calls it once in setUpClass (it skips, or fails under CI, without Chromium)."""
+    _browser_available()
+    from playwright.sync_api import sync_playwright
+
+    playwright = sync_playwright().start()
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    return playwright, browser
+
+
+def stop_chromium(playwright: Any, browser: Any) -> None:
+    browser.close()
+    playwright.stop()
+
+
 class BrowserTestCase(StaticLiveServerTestCase):
     host = "127.0.0.1"
 
@@ -67,19 +84,14 @@ class BrowserTestCase(StaticLiveServerTestCase):
     def setUpClass(cls) -> None:
         _browser_available()
         super().setUpClass()
-        from playwright.sync_api import sync_playwright
-
         cls.fake = FakeLLMServer()
         cls.models = serve_fake_models(cls.fake)
         cls.models.__enter__()
-        cls.playwright = sync_playwright().start()
-        cls.browser = cls.playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        cls.playwright, cls.browser = start_chromium()
 
     @classmethod
     def tearDownClass(cls) -> None:
-        cls.browser.close()
-        cls.playwright.stop()
+        stop_chromium(cls.playwright, cls.browser)
         cls.models.__exit__(None, None, None)
         super().tearDownClass()
 
