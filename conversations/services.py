@@ -271,7 +271,9 @@ def tip_move(
     # The update matched nothing: say why, without writing anything.
     if not in_conversation.exists():
         raise NotFound(f"no such message in this conversation: {mid}")
-    current = Conversation.objects.values("tip_id", "version").get(pk=conversation.pk)
+    current = Conversation.objects.values("tip_id", "version").filter(pk=conversation.pk).first()
+    if current is None:  # deleted meanwhile, its messages with it
+        raise NotFound(f"no such conversation: {conversation.pk}")
     raise StaleVersion(
         tip=str(current["tip_id"]) if current["tip_id"] else None, version=current["version"]
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.db import connection
 from django.test import TestCase
 
 from conversations import selectors, services
@@ -136,6 +137,22 @@ class BranchTests(TestCase):
             services.tip_move(conversation=conv, message_id=n["c"].id, expected_version=1)
         conv.refresh_from_db()
         assert conv.tip_id == n["d"].id
+
+    def test_tip_move_racing_a_delete_is_not_found(self) -> None:
+        # The conversation's row is gone while its messages still are (a delete
+        # committing between tip_move's checks; the foreign keys are checked at commit).
+        conv, n = new_conversation(self.user, "a>b>c, b>d")
+        table = connection.ops.quote_name(Conversation._meta.db_table)
+        key = conv.pk.hex if connection.vendor == "sqlite" else conv.pk
+        with connection.cursor() as cursor:
+            cursor.execute(f"DELETE FROM {table} WHERE id = %s", [key])
+        assert not Conversation.objects.filter(pk=conv.pk).exists()
+        with pytest.raises(NotFound):
+            services.tip_move(conversation=conv, message_id=n["c"].id, expected_version=1)
+        # The rest of the delete, so the test database's foreign keys hold again.
+        messages = connection.ops.quote_name(Message._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(f"DELETE FROM {messages} WHERE conversation_id = %s", [key])
 
     def test_tip_move_to_a_foreign_message_is_not_found(self) -> None:
         conv, _ = new_conversation(self.user, "a")
