@@ -1049,10 +1049,10 @@ def import_job_create(
 ) -> Any:
     """Keep the uploaded file and queue its import after the transaction commits.
     Conversations imported before are skipped, or copied with ``on_duplicate="copy"``."""
+    from conversations.importers.services import check_duplicates
     from conversations.models import ImportJob
 
-    if on_duplicate not in ("skip", "copy"):
-        raise InvalidInput(f"on_duplicate must be skip or copy, not {on_duplicate!r}")
+    check_duplicates(on_duplicate)
     _import_jobs_limit(owner)
     job = ImportJob(
         owner=owner, filename=str(upload.name)[:255], format=format, on_duplicate=on_duplicate

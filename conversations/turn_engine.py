@@ -10,8 +10,8 @@ The run is a generator of events, in the order the API streams them: ``resume`` 
 ``compacted`` after an overflow, ``tool_result`` and ``rewind`` after it, and last
 ``done`` or ``error``.
 
-Stop (``turns.turn_stop``, from any process) is seen by a watcher thread, which cuts the
-model's request at once; the run then writes the turn so far with what streamed of the
+Stop (``turns.turn_stop``, from any process) is seen by the turn's lease thread, which
+cuts the model's request at once; the run then writes the turn so far with what streamed of the
 answer, marked ``stopped`` — a clean boundary: a tool call the model had not finished
 is dropped, never left unanswered. While it runs, what streamed is recorded on the
 attempt (``live``) every ARBOR_TURN_LIVE_SECONDS, so a reloaded chat can follow it.
@@ -110,14 +110,14 @@ class TurnRun:
         # moves the turn's parent): every round adds only the turn in memory to it.
         self._archived: compaction.Archived | None = None
         self._archived_at: uuid.UUID | None = None
-        # Stop: set by the watcher thread, which also cuts the provider's request.
+        # Stop: set by the lease thread, which also cuts the provider's request.
         self.stopping = threading.Event()
         self.provider: Provider | None = None
-        # What the client saw stream (every round's text, the tools called) and the
-        # current round's text, which a stop keeps as the partial answer.
+        # What the client saw stream (every round's text, the tools called), and where
+        # the current round's text begins in it: a stop keeps that as the partial answer.
         self.live_text: list[str] = []
         self.live_tools: list[str] = []
-        self.round_text: list[str] = []
+        self.round_from = 0
         # A turn that ends within ARBOR_TURN_LIVE_SECONDS never writes it (most do).
         self._live_at = time.monotonic()
 
@@ -143,7 +143,7 @@ class TurnRun:
                     self._fail(code="interrupted", text="stream closed")
 
     def _on_stop(self) -> None:
-        """Stop was asked (on the watcher's thread): cut the request in flight."""
+        """Stop was asked (on the lease thread): cut the request in flight."""
         self.stopping.set()
         if self.provider is not None:
             self.provider.cancel()
@@ -190,7 +190,7 @@ class TurnRun:
         block without its signature."""
         return {
             "role": "assistant",
-            "parts": [{"type": "text", "text": "".join(self.round_text)}],
+            "parts": [{"type": "text", "text": "".join(self.live_text[self.round_from :])}],
             "metadata": {"stopped": True},
         }
 
@@ -219,7 +219,7 @@ class TurnRun:
         """Ask the model until it answers without tool calls, or the rounds run out."""
         for round_number in range(settings.ARBOR_MAX_TOOL_ROUNDS + 1):
             if self.stopping.is_set():
-                self.round_text = []  # stopped between rounds: nothing of a new answer
+                self.round_from = len(self.live_text)  # between rounds: no new answer yet
                 raise _Stopped
             # The last round keeps the tool definitions (a history with tool calls needs
             # them) but lets the model call none, so the turn ends on an answer.
@@ -302,7 +302,7 @@ class TurnRun:
             tool_choice="none" if last_round else None,
         )
         reply: Reply | None = None
-        self.round_text = []
+        self.round_from = len(self.live_text)
         try:
             for event in provider.stream(request):
                 services.turn_attempt_heartbeat(attempt=self.attempt)
@@ -326,7 +326,6 @@ class TurnRun:
         """Keep what the client saw stream; record it on the attempt now and then."""
         if isinstance(event, TextDelta):
             self.live_text.append(event.text)
-            self.round_text.append(event.text)
         elif isinstance(event, ToolCallStarted):
             self.live_tools.append(event.name)
         now = time.monotonic()

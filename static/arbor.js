@@ -21,6 +21,14 @@
     return li;
   }
 
+  // "⚙ name…" under a live answer: a tool the model called (as the page renders it).
+  function toolNote(name) {
+    var note = document.createElement("div");
+    note.className = "live-tool";
+    note.textContent = "⚙ " + (name || "tool") + "…";
+    return note;
+  }
+
   function refreshChat() {
     var chat = document.getElementById("chat");
     if (chat && window.htmx) {
@@ -51,10 +59,7 @@
     } else if (name === "delta") {
       out.textContent += payload.text || "";
     } else if (name === "tool_call") {
-      var note = document.createElement("div");
-      note.className = "live-tool";
-      note.textContent = "⚙ " + (payload.name || "tool") + "…";
-      answer.appendChild(note);
+      answer.appendChild(toolNote(payload.name));
     } else if (name === "error") {
       answer.classList.add("error");
       out.textContent = "The turn failed: " + (payload.detail || payload.error || "error");
@@ -150,12 +155,7 @@
     if (out && typeof payload.append === "string") out.textContent += payload.append;
     else if (out) out.textContent = payload.text || "";
     Array.prototype.forEach.call(answer.querySelectorAll(".live-tool"), function (n) { n.remove(); });
-    (payload.tools || []).forEach(function (name) {
-      var note = document.createElement("div");
-      note.className = "live-tool";
-      note.textContent = "⚙ " + name + "…";
-      answer.appendChild(note);
-    });
+    (payload.tools || []).forEach(function (name) { answer.appendChild(toolNote(name)); });
   }
 
   // A chat opened (or reloaded) while its turn runs in another request: follow what

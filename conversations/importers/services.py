@@ -33,6 +33,14 @@ Progress = Callable[[ConversationReport], Any]
 DUPLICATES = ("skip", "copy")
 
 
+def check_duplicates(value: str) -> None:
+    """InvalidInput unless ``value`` says what to do with conversations imported before."""
+    if value not in DUPLICATES:
+        raise InvalidInput(
+            f"duplicates must be one of {list(DUPLICATES)}, not {value!r}", code="bad_duplicates"
+        )
+
+
 def source_key(fmt: str, source_id: str | None) -> str:
     """Where a conversation came from, as ``Conversation.source_key`` keeps it."""
     return f"{fmt}:{source_id}"[:300] if source_id else ""
@@ -90,11 +98,7 @@ def transcript_import(
         raise InvalidInput(
             f"format must be auto or one of {list(FORMATS)}, not {format!r}", code="bad_format"
         )
-    if duplicates not in DUPLICATES:
-        raise InvalidInput(
-            f"duplicates must be one of {list(DUPLICATES)}, not {duplicates!r}",
-            code="bad_duplicates",
-        )
+    check_duplicates(duplicates)
     run = _Import(owner, progress, limits, duplicates, only, known=_imported(owner))
     if path.is_dir():  # a project folder (the command line): read like an archive
         return _import_archive(run, path, filename or path.name, format)
