@@ -96,3 +96,22 @@ class AsgiStreamingTests(TransactionTestCase):
         assert first_delta_at is not None
         # The first words arrived while the model still hung, not after the stream ended.
         assert total - first_delta_at > 2.5, (first_delta_at, total)
+
+
+class ServerPartsTests(TransactionTestCase):
+    def test_make_runs_server_uses_the_c_parser_and_loop(self) -> None:
+        # `make run` and the benches start uvicorn with its "auto" choices; they pick
+        # httptools and uvloop only when installed (else pure-Python h11 and asyncio).
+        import uvicorn
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        config = uvicorn.Config("arbor.asgi:application")
+        config.load()
+        self.assertIs(config.http_protocol_class, HttpToolsProtocol)
+        loop_factory = config.get_loop_factory()
+        self.assertIsNotNone(loop_factory)
+        loop = loop_factory()  # type: ignore[misc]
+        try:
+            self.assertEqual(type(loop).__module__.split(".")[0], "uvloop")
+        finally:
+            loop.close()
