@@ -61,5 +61,8 @@ class Lifespan:
                 sweep_in_background()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                from conversations.gateway.upstream import close_sessions
+
+                await close_sessions()
                 await send({"type": "lifespan.shutdown.complete"})
                 return

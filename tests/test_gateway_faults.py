@@ -107,7 +107,13 @@ class StreamFaultTests(TransactionTestCase):
         self.read_events(response, 2)
         client.sock.close() if client.sock else None
         client.close()
-        time.sleep(6)  # past the upstream's stall: nothing may be written late
+        # The gateway hangs up on the upstream too (the model stops generating): the
+        # stalled upstream sees its connection closed well before its stall ends.
+        deadline = time.monotonic() + 3
+        while not self.gateway.fake.requests[-1].cut and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertTrue(self.gateway.fake.requests[-1].cut)
+        time.sleep(3.5)  # past the upstream's stall: nothing may be written late
         conversation.refresh_from_db()
         self.assertEqual(Message.objects.filter(conversation=conversation).count(), 2)
         self.assertEqual(conversation.tip.parts, [{"type": "text", "text": "Working on it."}])

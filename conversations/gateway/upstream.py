@@ -10,10 +10,9 @@ from __future__ import annotations
 import asyncio
 import os
 import weakref
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Mapping
 
-import httpx2
+import aiohttp
 
 from conversations.providers import ModelSpec, read_api_key
 
@@ -81,28 +80,67 @@ def response_headers(headers: Mapping[str, str]) -> dict[str, str]:
     }
 
 
+class Response:
+    """The upstream's answer, its body not yet read: stream it (``aiter_bytes``) or read
+    it whole (``aread``), then ``aclose``."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status_code = response.status
+        self.headers: Mapping[str, str] = response.headers
+
+    async def aread(self) -> bytes:
+        return await self._response.read()
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        async for chunk in self._response.content.iter_any():
+            yield chunk
+
+    async def aclose(self) -> None:
+        """Done with it: a connection whose answer was read whole goes back to the pool;
+        one cut short (the client went away mid-stream) is closed, which ends the
+        upstream's generation."""
+        if self._response.content.at_eof():
+            self._response.release()
+        else:
+            self._response.close()
+
+
 # One connection pool per event loop (uvicorn runs one; a test client makes one a
-# request), dropped with its loop.
-_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx2.AsyncClient] = (
+# request), dropped with its loop. aiohttp rather than httpx: its C HTTP parser and lean
+# request path cost a gateway request ~1.5 ms less than httpx over pure-Python h11
+# (bench_gateway, the same run).
+_sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def client() -> httpx2.AsyncClient:
+def session() -> aiohttp.ClientSession:
     loop = asyncio.get_running_loop()
-    found = _clients.get(loop)
-    if found is None or found.is_closed:
-        timeout = httpx2.Timeout(
+    found = _sessions.get(loop)
+    if found is None or found.closed:
+        timeout = aiohttp.ClientTimeout(
+            total=None,
             connect=10.0,
-            read=float(os.environ.get("ARBOR_GATEWAY_READ_TIMEOUT", "600")),
-            write=60.0,
-            pool=10.0,
+            # Between two reads of the answer (a model may think a long while).
+            sock_read=float(os.environ.get("ARBOR_GATEWAY_READ_TIMEOUT", "600")),
         )
-        found = _clients[loop] = httpx2.AsyncClient(timeout=timeout, trust_env=False)
+        found = _sessions[loop] = aiohttp.ClientSession(
+            timeout=timeout,
+            trust_env=False,
+            # The client's own User-Agent is forwarded; none is added when it sent none.
+            skip_auto_headers=("User-Agent",),
+        )
     return found
 
 
-async def send(url: str, headers: Mapping[str, str], content: bytes) -> Any:
+async def close_sessions() -> None:
+    """Close this loop's connection pool (the server's shutdown)."""
+    found = _sessions.pop(asyncio.get_running_loop(), None)
+    if found is not None and not found.closed:
+        await found.close()
+
+
+async def send(url: str, headers: Mapping[str, str], content: bytes) -> Response:
     """POST and return the response with its body not yet read (stream it, or read)."""
-    request = client().build_request("POST", url, headers=dict(headers), content=content)
-    return await client().send(request, stream=True)
+    return Response(await session().post(url, data=content, headers=dict(headers)))
