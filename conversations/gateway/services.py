@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 from PIL import Image, UnidentifiedImageError
 
@@ -254,7 +254,9 @@ def _deepest(conversation_ids: Any, keys: Sequence[str]) -> tuple[Any, int, uuid
     for wanted in (keys[-3:], keys[:-3]):
         if not wanted:
             continue
-        rows = Message.objects.filter(gateway_key__in=wanted)
+        # "Not empty" matches the key index's condition, so the planner may use it; the
+        # conversations come as a subquery (see placement_find).
+        rows = Message.objects.filter(~Q(gateway_key=""), gateway_key__in=wanted)
         if conversation_ids is not None:
             rows = rows.filter(conversation_id__in=conversation_ids)
         best: tuple[Any, int, uuid.UUID, int] | None = None
@@ -305,7 +307,10 @@ def _placement_find(*, user: Any, exchange: Exchange, conversation_id: str | Non
             return Placement(conversation, found[1], found[2], parent_depth=found[3])
     if conversation is None:
         return Placement(_conversation_new(user, exchange), 0, None, created=True)
-    found = _deepest([conversation.pk], exchange.keys)
+    # As a subquery, not a list of one id: SQLite (without ANALYZE statistics) would
+    # otherwise read every message of the conversation by its conversation index,
+    # instead of the few rows with the wanted keys (the cost grew with the session).
+    found = _deepest(Conversation.objects.filter(pk=conversation.pk).values("pk"), exchange.keys)
     if found is None:
         return Placement(conversation, 0, None)
     return Placement(conversation, found[1], found[2], parent_depth=found[3])

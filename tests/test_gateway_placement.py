@@ -1,0 +1,94 @@
+"""Placing a gateway request reads the rows of the wanted keys, not the conversation.
+
+A harness resends its whole session with every request; the gateway finds where the
+stored path ends by the request's chain keys. On SQLite (no ANALYZE statistics) a filter
+on a list of conversation ids made the planner read every message of the conversation
+through its conversation index, so each request cost more as the session grew.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection
+from django.test import TestCase
+from django.test.utils import CaptureQueriesContext
+
+from conversations.gateway import services
+from conversations.models import Message
+from tests.builders import make_user
+
+
+def _exchange(messages: list[dict[str, Any]], session: str = "") -> services.Exchange:
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 10, "messages": messages}
+    headers = {"x-session-id": session} if session else {}
+    return services.exchange_read(
+        protocol="anthropic",
+        body=body,
+        wire_messages=messages,
+        system="You are a test agent.",
+        tools=[],
+        headers=headers,
+    )
+
+
+def _session(rounds: int, task: str) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": f"Start {task}."}]
+    for i in range(rounds):
+        messages.append({"role": "assistant", "content": f"Step {i}."})
+        messages.append({"role": "user", "content": f"Go on after {i}."})
+    return messages
+
+
+class PlacementTests(TestCase):
+    def setUp(self) -> None:
+        self.user = make_user("placer")
+
+    def _stored(self, messages: list[dict[str, Any]], session: str = "") -> Any:
+        exchange = _exchange(messages, session)
+        placement = services.placement_find(user=self.user, exchange=exchange, conversation_id=None)
+        services.exchange_store(
+            placement=placement,
+            exchange=exchange,
+            answer={"role": "assistant", "content": "Done."},
+        )
+        return placement.conversation
+
+    def test_a_continued_request_is_placed_after_the_stored_answer(self) -> None:
+        for session in ("", "s-1"):
+            with self.subTest(session=session):
+                messages = _session(20, f"task {session}")
+                conversation = self._stored(messages, session)
+                more = [
+                    *messages,
+                    {"role": "assistant", "content": "Done."},
+                    {"role": "user", "content": "Next."},
+                ]
+                placement = services.placement_find(
+                    user=self.user, exchange=_exchange(more, session), conversation_id=None
+                )
+                self.assertEqual(placement.conversation.pk, conversation.pk)
+                self.assertEqual(placement.matched, len(more) - 1)
+                conversation.refresh_from_db()
+                self.assertEqual(placement.parent_id, conversation.tip_id)
+
+    def test_the_placement_query_searches_the_key_index(self) -> None:
+        if connection.vendor != "sqlite":
+            self.skipTest("the plan checked is SQLite's (PostgreSQL plans from statistics)")
+        for session in ("", "s-2"):
+            with self.subTest(session=session):
+                messages = _session(150, f"long task {session}")
+                self._stored(messages, session)
+                more = [*messages, {"role": "assistant", "content": "Done."}]
+                with CaptureQueriesContext(connection) as queries:
+                    services.placement_find(
+                        user=self.user, exchange=_exchange(more, session), conversation_id=None
+                    )
+                table = f'FROM "{Message._meta.db_table}"'
+                reads = [q["sql"] for q in queries.captured_queries if table in q["sql"]]
+                self.assertTrue(reads)
+                for sql in reads:
+                    with connection.cursor() as cursor:
+                        cursor.execute(f"EXPLAIN QUERY PLAN {sql}")
+                        plan = " | ".join(str(row[-1]) for row in cursor.fetchall())
+                    self.assertIn("msg_gateway_key", plan, plan)
