@@ -118,6 +118,26 @@ class StreamFaultTests(TransactionTestCase):
         self.assertEqual(Message.objects.filter(conversation=conversation).count(), 2)
         self.assertEqual(conversation.tip.parts, [{"type": "text", "text": "Working on it."}])
 
+    def test_an_unreachable_upstream_is_a_502_in_the_clients_shape(self) -> None:
+        conversation, second = self.first_exchange()
+        self.gateway.fake.stop()  # the upstream is gone: its port refuses connections
+        for stream in (False, True):
+            with self.subTest(stream=stream):
+                status, raw, _ = self.gateway.call(
+                    "POST",
+                    "/gateway/anthropic/v1/messages",
+                    request(second, stream=stream),
+                    headers=self.headers,
+                )
+                self.assertEqual(status, 502, raw)
+                body = json.loads(raw)
+                self.assertEqual(body["type"], "error")
+                self.assertEqual(body["error"]["type"], "api_error")
+                self.assertIn("upstream is unreachable", body["error"]["message"])
+        # Nothing half-written: the first exchange is all the tree holds.
+        conversation.refresh_from_db()
+        self.assertEqual(Message.objects.filter(conversation=conversation).count(), 2)
+
 
 class IsolationTests(TransactionTestCase):
     def setUp(self) -> None:
