@@ -38,7 +38,7 @@ PURE_IMPORTERS = [
     "conversations.importers.openwebui",
     "conversations.importers.pi",
 ]
-FORBIDDEN = ("django", "openai", "anthropic", "httpx", "httpx2", "celery", "ninja")
+FORBIDDEN = ("django", "openai", "anthropic", "httpx", "httpx2", "aiohttp", "celery", "ninja")
 PI_SESSION = ROOT / "tests" / "data" / "sessions" / "pi-parallel.jsonl"
 
 
