@@ -14,6 +14,7 @@ async functions.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from django.conf import settings
@@ -21,20 +22,30 @@ from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.exception import convert_exception_to_response
 from django.utils.module_loading import import_string
 
+from conversations.gateway.pending import WRITE_BEHIND
+
 GATEWAY_MIDDLEWARE = ("arbor.middleware.gateway_guard", "arbor.middleware.private_pages")
 
 
 class GatewayHandler(ASGIHandler):
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if settings.ARBOR_GATEWAY_DB_THREADS <= 0:
-            await super().__call__(scope, receive, send)
-            return
-        # Django gives each request a thread of its own for its sync code (a
-        # ThreadSensitiveContext): a thread started and stopped per request. The
-        # gateway's views run their sync work on their own long-lived threads
-        # (conversations/gateway/dbthreads.py), so what is left here (the request
-        # signals' receivers) runs on asgiref's one shared thread instead.
-        await self.handle(scope, receive, send)
+        # This server's event loop outlives the request: the view may write the exchange
+        # behind its answer (conversations/gateway/pending.py), once the answer is sent
+        # (so that the write does not compete with sending it).
+        answered = asyncio.Event()
+        scope = {**scope, WRITE_BEHIND: answered}
+        try:
+            if settings.ARBOR_GATEWAY_DB_THREADS <= 0:
+                await super().__call__(scope, receive, send)
+            else:
+                # Django gives each request a thread of its own for its sync code (a
+                # ThreadSensitiveContext): a thread started and stopped per request. The
+                # gateway's views run their sync work on their own long-lived threads
+                # (conversations/gateway/dbthreads.py), so what is left here (the
+                # request signals' receivers) runs on asgiref's one shared thread.
+                await self.handle(scope, receive, send)
+        finally:
+            answered.set()
 
     def load_middleware(self, is_async: bool = False) -> None:
         # What BaseHandler.load_middleware builds from settings.MIDDLEWARE, from ours.

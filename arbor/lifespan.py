@@ -1,4 +1,5 @@
-"""The server's start: jobs a previous process left behind are picked up.
+"""The server's start and stop: at the start, jobs a previous process left behind are
+picked up; at the stop, the gateway's pending writes are finished.
 
 Without a broker, compaction jobs and imports run on a thread of the web process
 (arbor.jobs). A server killed mid-job leaves its job "running" under a process that is
@@ -61,8 +62,10 @@ class Lifespan:
                 sweep_in_background()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                from conversations.gateway import pending
                 from conversations.gateway.upstream import close_sessions
 
+                await pending.drain()  # exchanges the gateway answered, not yet written
                 await close_sessions()
                 await send({"type": "lifespan.shutdown.complete"})
                 return

@@ -17,6 +17,7 @@ urlpatterns = [
     path("gateway/anthropic/v1/messages/count_tokens", gateway.anthropic_count_tokens),
     path("gateway/openai/v1/chat/completions", gateway.openai_chat),
     path("gateway/openai/v1/models", gateway.openai_models),
+    path("gateway/status", gateway.status),
     path(
         "login/",
         auth_views.LoginView.as_view(redirect_authenticated_user=True),

@@ -145,6 +145,16 @@ class LiveGateway:
     def openai_base(self) -> str:
         return f"{self.url}/gateway/openai/v1"
 
+    def settle(self, token: str | None = None) -> None:
+        """Wait until the token's exchanges are written: the gateway writes each one
+        behind its answer (conversations/gateway/pending.py), so a test that reads the
+        tree right after an answer asks first, as any reader that must see it would."""
+        status, raw, _ = self.call(
+            "GET", "/gateway/status?wait=20", headers={"x-api-key": token or self.token}
+        )
+        assert status == 200, raw
+        assert json.loads(raw) == {"pending_writes": 0}, raw
+
     def call(
         self,
         method: str,

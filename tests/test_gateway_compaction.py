@@ -119,6 +119,7 @@ class GatewayCompactionTests(TransactionTestCase):
                 }
             )
         self.assertIn("FINISHED", json.dumps(messages[-1]))
+        self.gateway.settle()
         return sent
 
     def test_system_tools_head_and_tail_go_out_as_sent(self) -> None:
@@ -187,6 +188,7 @@ class GatewayCompactionTests(TransactionTestCase):
             headers=bearer,
         )
         self.assertEqual(status, 201, raw)
+        self.gateway.settle()
         self.assertEqual(Message.objects.filter(conversation=conversation).count(), self.counted)
 
     def test_an_overflow_the_estimate_missed_is_recovered_from_the_originals(self) -> None:
@@ -240,5 +242,6 @@ class GatewayRetryOverflowTests(TransactionTestCase):
         requests = gateway.fake.requests
         self.assertEqual(len(requests), 2)  # the request and one compacted retry
         self.assertNotEqual(requests[0].body, requests[1].body)
+        gateway.settle()
         # No answer was stored: at most the 30 assistant messages the request carried.
         self.assertLessEqual(Message.objects.filter(role="assistant").count(), 30)

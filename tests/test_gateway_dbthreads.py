@@ -73,6 +73,7 @@ class GatewayDatabaseThreadTests(TransactionTestCase):
         tools = [{"name": "lookup", "input_schema": {"type": "object"}}]
         status, answer = self.post({**request(messages), "tools": tools})
         assert status == 200, answer
+        self.gateway.settle()
         conversation = Conversation.objects.get(owner=self.gateway.user)
         stored = json.dumps([m.parts for m in Message.objects.filter(conversation=conversation)])
         assert str(big) in stored  # not 1.2345678901234568e+29
@@ -106,6 +107,7 @@ class GatewayDatabaseThreadTests(TransactionTestCase):
         with ThreadPoolExecutor(max_workers=8) as pool:
             statuses = list(pool.map(one, range(40)))
         assert statuses == [200] * 40
+        self.gateway.settle()
         conversations = Conversation.objects.filter(owner=self.gateway.user)
         assert conversations.count() == 40
         for conversation in conversations:
@@ -124,6 +126,7 @@ class GatewayDatabaseThreadTests(TransactionTestCase):
 
         with ThreadPoolExecutor(max_workers=10) as pool:
             assert set(pool.map(one, range(60))) == {200}
+        self.gateway.settle()
         # The gateway's threads keep one connection each; the site's close per request.
         assert backends() - before <= THREADS + 2, (before, backends())
 
@@ -136,6 +139,7 @@ class GatewayDatabaseThreadTests(TransactionTestCase):
             )
         for i in range(THREADS * 2):
             assert one(100 + i) == 200
+        self.gateway.settle()
         assert Conversation.objects.filter(owner=self.gateway.user).count() == 60 + THREADS * 2
 
 

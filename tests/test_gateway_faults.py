@@ -1,15 +1,25 @@
 """The gateway's boundaries under faults and between users: a server killed (-9) between
 two upstream events leaves the tree at the previous boundary and the harness's retry
 continues it; a client that hangs up mid-stream writes nothing for that answer; a
-second user's token never reaches the first user's gateway conversations."""
+second user's token never reaches the first user's gateway conversations.
+
+The exchange is written behind its answer (conversations/gateway/pending.py). Holding a
+lock on the conversation from the test makes that write wait, so the tests can see:
+the answer arrives while its write waits, the harness's next request waits for it, a
+server stopping finishes it, and a server killed before it loses nothing the next
+request does not carry."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
+from django.db import transaction
 from django.test import TransactionTestCase
 
 from conversations import services
@@ -26,7 +36,7 @@ def request(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
 FIRST = [{"role": "user", "content": "Start the work."}]
 
 
-class StreamFaultTests(TransactionTestCase):
+class GatewayCase(TransactionTestCase):
     def setUp(self) -> None:
         self.gateway = LiveGateway().start()
         self.addCleanup(self.gateway.stop)
@@ -61,6 +71,7 @@ class StreamFaultTests(TransactionTestCase):
             "POST", "/gateway/anthropic/v1/messages", request(FIRST), headers=self.headers
         )
         self.assertEqual(status, 200, raw)
+        self.gateway.settle()
         conversation = Conversation.objects.get(owner=self.gateway.user)
         second = [
             *FIRST,
@@ -69,6 +80,8 @@ class StreamFaultTests(TransactionTestCase):
         ]
         return conversation, second
 
+
+class StreamFaultTests(GatewayCase):
     def test_kill_9_between_two_upstream_events_then_the_retry_continues(self) -> None:
         conversation, second = self.first_exchange()
         conversation.refresh_from_db()
@@ -91,6 +104,7 @@ class StreamFaultTests(TransactionTestCase):
             "POST", "/gateway/anthropic/v1/messages", request(second), headers=self.headers
         )
         self.assertEqual(status, 200, raw)
+        self.gateway.settle()
         conversation.refresh_from_db()
         path = services.transcript_resume(conversation=conversation, tip_id=conversation.tip_id)
         texts = [p["text"] for m in path[0] for p in m["parts"] if p["type"] == "text"]
@@ -135,8 +149,128 @@ class StreamFaultTests(TransactionTestCase):
                 self.assertEqual(body["error"]["type"], "api_error")
                 self.assertIn("upstream is unreachable", body["error"]["message"])
         # Nothing half-written: the first exchange is all the tree holds.
+        self.gateway.settle()
         conversation.refresh_from_db()
         self.assertEqual(Message.objects.filter(conversation=conversation).count(), 2)
+
+
+@contextmanager
+def writes_held(conversation: Conversation) -> Iterator[None]:
+    """Until the block ends, nobody else can write the conversation: its row is locked
+    (PostgreSQL), or the database's write lock is held (SQLite: transactions begin
+    IMMEDIATE here)."""
+    with transaction.atomic():
+        list(Conversation.objects.select_for_update().filter(pk=conversation.pk))
+        Conversation.objects.filter(pk=conversation.pk).update(title=conversation.title)
+        yield
+
+
+class WriteBehindTests(GatewayCase):
+    """Writing behind the answer, seen from outside the server."""
+
+    def pending(self) -> int:
+        status, raw, _ = self.gateway.call("GET", "/gateway/status", headers=self.headers)
+        self.assertEqual(status, 200, raw)
+        return int(json.loads(raw)["pending_writes"])
+
+    def texts(self, conversation: Conversation) -> list[str]:
+        conversation.refresh_from_db()
+        path, _ = services.transcript_resume(conversation=conversation, tip_id=conversation.tip_id)
+        return [p["text"] for m in path for p in m["parts"] if p["type"] == "text"]
+
+    def post(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        status, raw, _ = self.gateway.call(
+            "POST", "/gateway/anthropic/v1/messages", request(messages), headers=self.headers
+        )
+        self.assertEqual(status, 200, raw)
+        return dict(json.loads(raw))
+
+    def test_the_answer_goes_out_before_its_write_and_the_next_request_waits_for_it(
+        self,
+    ) -> None:
+        conversation, second = self.first_exchange()
+        self.gateway.fake.push(Step.reply("Second part done."), Step.reply("Third done."))
+        with writes_held(conversation), ThreadPoolExecutor(1) as pool:
+            answer = self.post(second)  # answered while its write cannot happen
+            self.assertEqual(answer["content"][0]["text"], "Second part done.")
+            self.assertEqual(self.pending(), 1)
+            third = [
+                *second,
+                {"role": "assistant", "content": answer["content"]},
+                {"role": "user", "content": "Third."},
+            ]
+            forwarded = len(self.gateway.fake.requests)
+            later = pool.submit(self.post, third)
+            time.sleep(1.0)
+            # The next request waits for the write before it is placed or forwarded.
+            self.assertFalse(later.done())
+            self.assertEqual(len(self.gateway.fake.requests), forwarded)
+            # (the lock is released here)
+        self.assertEqual(later.result(timeout=30)["content"][0]["text"], "Third done.")
+        self.gateway.settle()
+        self.assertEqual(self.pending(), 0)
+        self.assertEqual(
+            self.texts(conversation),
+            [
+                "Start the work.",
+                "Working on it.",
+                "Now the second part.",
+                "Second part done.",
+                "Third.",
+                "Third done.",
+            ],
+        )
+        self.assertEqual(Message.objects.filter(conversation=conversation).count(), 6)
+
+    def test_a_server_stopping_finishes_its_pending_writes(self) -> None:
+        conversation, second = self.first_exchange()
+        self.gateway.fake.push(Step.reply("Second part done."))
+        server = self.gateway.server
+        assert server is not None
+        with writes_held(conversation):
+            self.post(second)
+            server.terminate()  # SIGTERM: uvicorn's graceful stop
+            time.sleep(1.0)
+            self.assertIsNone(server.poll(), "the server stopped with a write pending")
+        server.wait(30)
+        self.gateway.server = None
+        self.assertEqual(self.texts(conversation)[-1], "Second part done.")
+        self.assertEqual(Message.objects.filter(conversation=conversation).count(), 4)
+
+    def test_a_server_killed_before_its_write_loses_nothing_the_next_request_carries(
+        self,
+    ) -> None:
+        conversation, second = self.first_exchange()
+        self.gateway.fake.push(Step.reply("Second part done."))
+        with writes_held(conversation):
+            answer = self.post(second)
+            self.gateway.kill()
+        self.assertEqual(Message.objects.filter(conversation=conversation).count(), 2)
+        # The harness holds the answer; its next request carries it, and lands whole.
+        self.gateway.serve()
+        self.gateway.fake.push(Step.reply("Third done."))
+        third = [
+            *second,
+            {"role": "assistant", "content": answer["content"]},
+            {"role": "user", "content": "Third."},
+        ]
+        self.post(third)
+        self.gateway.settle()
+        self.assertEqual(len(self.texts(conversation)), 6)
+        self.assertEqual(Message.objects.filter(conversation=conversation).count(), 6)
+
+    def test_the_status_endpoint_needs_the_token_and_a_sane_wait(self) -> None:
+        status, raw, _ = self.gateway.call("GET", "/gateway/status")
+        self.assertEqual(status, 401, raw)
+        self.assertEqual(json.loads(raw)["error"]["type"], "authentication_error")
+        for wait in ("soon", "-1", "nan", "31", "inf"):
+            with self.subTest(wait=wait):
+                status, raw, _ = self.gateway.call(
+                    "GET", f"/gateway/status?wait={wait}", headers=self.headers
+                )
+                self.assertEqual(status, 400, raw)
+                self.assertIn("wait", json.loads(raw)["error"]["message"])
+        self.assertEqual(self.pending(), 0)
 
 
 class IsolationTests(TransactionTestCase):
@@ -156,6 +290,7 @@ class IsolationTests(TransactionTestCase):
             headers={"x-api-key": self.gateway.token},
         )
         self.assertEqual(status, 200)
+        self.gateway.settle()
         mine = Conversation.objects.get(owner=self.gateway.user)
         count = Message.objects.filter(conversation=mine).count()
 
@@ -183,6 +318,7 @@ class IsolationTests(TransactionTestCase):
             headers={"x-api-key": self.other_token},
         )
         self.assertEqual(status, 200)
+        self.gateway.settle(self.other_token)
         self.assertEqual(Message.objects.filter(conversation=mine).count(), count)
         theirs = Conversation.objects.get(owner=self.other)
         self.assertNotEqual(theirs.pk, mine.pk)

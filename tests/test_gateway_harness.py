@@ -178,6 +178,7 @@ class ClaudeCodeTests(HarnessChecks):
         )
 
     def main_conversation(self) -> Conversation:
+        self.gateway.settle()
         found = [
             c
             for c in Conversation.objects.filter(owner=self.gateway.user)
@@ -260,6 +261,7 @@ class ClaudeCodeSubAgentTests(TransactionTestCase):
             home, gateway.anthropic_base, gateway.token
         )
         assert claude and project.is_dir()
+        gateway.settle()
         mine = Conversation.objects.filter(owner=gateway.user)
         (sub,) = [c for c in mine if c.spawned_by_id]
         assert sub.spawned_by_id is not None
@@ -337,6 +339,7 @@ class PiTests(HarnessChecks):
         self.assertEqual(done.returncode, 0, done.stderr[-2000:])
         self.assertIn(f"FINISHED {ROUNDS} rounds", done.stdout)
         self.check_upstream(PI_WINDOW)
+        self.gateway.settle()
         conversations = [
             c
             for c in Conversation.objects.filter(owner=self.gateway.user)
@@ -355,6 +358,7 @@ class PiTests(HarnessChecks):
 
         more = self.run_pi(home, "Now say you are done.", "--continue")
         self.assertEqual(more.returncode, 0, more.stderr[-2000:])
+        self.gateway.settle()
         after = path_of(conversation)
         self.assertEqual([m.pk for m in after[: len(ours)]], [m.pk for m in ours])
         self.assertEqual(user_texts(after)[-1], "Now say you are done.")

@@ -92,3 +92,37 @@ class PlacementTests(TestCase):
                         cursor.execute(f"EXPLAIN QUERY PLAN {sql}")
                         plan = " | ".join(str(row[-1]) for row in cursor.fetchall())
                     self.assertIn("msg_gateway_key", plan, plan)
+
+    def test_a_request_placed_before_the_previous_answer_was_written_writes_nothing_twice(
+        self,
+    ) -> None:
+        # The gateway writes an exchange behind its answer; another server process may
+        # place the harness's next request before that write commits. The stale
+        # placement is caught up when the next exchange is written.
+        first = [{"role": "user", "content": "Start the stale task."}]
+        exchange = _exchange(first, "s-3")
+        placement = services.placement_find(user=self.user, exchange=exchange, conversation_id=None)
+        conversation = placement.conversation
+        answer = {"role": "assistant", "content": "First answer."}
+        second = [*first, answer, {"role": "user", "content": "And then?"}]
+        later = _exchange(second, "s-3")
+        stale = services.placement_find(user=self.user, exchange=later, conversation_id=None)
+        self.assertEqual((stale.conversation.pk, stale.matched), (conversation.pk, 0))
+
+        services.exchange_store(placement=placement, exchange=exchange, answer=answer)
+        # The catch-up read, the insert and the tip move, in one transaction (here a
+        # savepoint and its release, inside the test's own).
+        with self.assertNumQueries(5):
+            services.exchange_store(
+                placement=stale,
+                exchange=later,
+                answer={"role": "assistant", "content": "Then this."},
+            )
+        rows = list(Message.objects.filter(conversation=conversation).order_by("depth"))
+        self.assertEqual(
+            [m.parts[0]["text"] for m in rows],
+            ["Start the stale task.", "First answer.", "And then?", "Then this."],
+        )
+        self.assertEqual([m.parent_id for m in rows[1:]], [m.pk for m in rows[:-1]])
+        conversation.refresh_from_db()
+        self.assertEqual(conversation.tip_id, rows[-1].pk)

@@ -52,6 +52,7 @@ class AnthropicSdkTests(TransactionTestCase):
         )
 
     def only_conversation(self) -> Conversation:
+        self.gateway.settle()
         conversations = list(Conversation.objects.filter(owner=self.gateway.user))
         self.assertEqual(len(conversations), 1, [c.title for c in conversations])
         return conversations[0]
@@ -156,6 +157,7 @@ class AnthropicSdkTests(TransactionTestCase):
                 model=ANTHROPIC_MODEL, max_tokens=10, messages=[{"role": "user", "content": "hi"}]
             )
         self.assertEqual(status.exception.status_code, 529)
+        self.gateway.settle()
         self.assertFalse(Message.objects.exists())  # no answer, nothing written
 
     def test_max_tokens_stop_reason(self) -> None:
@@ -186,6 +188,7 @@ class AnthropicSdkTests(TransactionTestCase):
         )
         self.assertEqual(status, 400)
         self.assertEqual(json.loads(raw)["error"]["type"], "invalid_request_error")
+        self.gateway.settle()
         self.assertFalse(Message.objects.exists())
         self.assertEqual(self.gateway.fake.requests, [])
 
@@ -254,6 +257,7 @@ class OpenAISdkTests(TransactionTestCase):
         ]
         final = self.sdk.chat.completions.create(model=OPENAI_MODEL, messages=messages, tools=tools)
         self.assertEqual(final.choices[0].message.content, "It is today.")
+        self.gateway.settle()
         tool_conversation = Conversation.objects.get(
             owner=self.gateway.user, title="What date is it?"
         )

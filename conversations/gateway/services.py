@@ -472,6 +472,30 @@ def exchange_store(
     a turn boundary. Without an answer only the request's messages are written (a valid
     transcript: what the harness sent) and the tip moves to their end. Returns the new
     last message (the tip)."""
+    with transaction.atomic():
+        _catch_up(placement, exchange)
+        return _store(placement, exchange, answer, answer_metadata)
+
+
+def _catch_up(placement: Placement, exchange: Exchange) -> None:
+    """More of the request may be stored than when it was placed: the answer to the
+    request before is written behind that answer (views: pending), and another server
+    process may have served it. Continue below the deepest stored prefix, so nothing is
+    written twice."""
+    if placement.matched >= len(exchange.keys):
+        return
+    conversation = Conversation.objects.filter(pk=placement.conversation.pk).values("pk")
+    found = _deepest(conversation, exchange.keys)
+    if found is not None and found[1] > placement.matched:
+        _, placement.matched, placement.parent_id, placement.parent_depth = found
+
+
+def _store(
+    placement: Placement,
+    exchange: Exchange,
+    answer: Mapping[str, Any] | None,
+    answer_metadata: dict[str, Any] | None,
+) -> uuid.UUID | None:
     start = placement.matched
     groups: list[tuple[int, str, list[wire.Draft]]] = [
         (i, exchange.keys[i], exchange.drafts[i]) for i in range(start, len(exchange.messages))
@@ -492,31 +516,30 @@ def exchange_store(
     if not groups:
         return placement.parent_id
     conversation = placement.conversation
-    with transaction.atomic():
-        depth = 0
-        if placement.parent_id is not None:
-            depth = placement.parent_depth + 1
-            if placement.parent_depth < 0:  # pragma: no cover - placements carry it
-                depth = Message.objects.only("depth").get(pk=placement.parent_id).depth + 1
-        new = _rows(
-            conversation=conversation,
-            parent_id=placement.parent_id,
-            depth=depth,
-            groups=groups,
-            extra_metadata=extra,
-        )
-        tree._insert_messages(new.rows)
-        # A plain UPDATE, no version check: a harness's request is placed by content,
-        # and the tip follows its newest exchange (concurrent ones each keep their own
-        # branch; the last to finish holds the tip).
-        changes: dict[str, Any] = {"updated_at": timezone.now()}
-        if exchange.harness and exchange.harness != conversation.harness:
-            changes["harness"] = conversation.harness = exchange.harness
-        updated = Conversation.objects.filter(pk=conversation.pk).update(
-            tip_id=new.last, version=F("version") + 1, **changes
-        )
-        if not updated:
-            raise NotFound(f"no such conversation: {conversation.pk}")
+    depth = 0
+    if placement.parent_id is not None:
+        depth = placement.parent_depth + 1
+        if placement.parent_depth < 0:  # pragma: no cover - placements carry it
+            depth = Message.objects.only("depth").get(pk=placement.parent_id).depth + 1
+    new = _rows(
+        conversation=conversation,
+        parent_id=placement.parent_id,
+        depth=depth,
+        groups=groups,
+        extra_metadata=extra,
+    )
+    tree._insert_messages(new.rows)
+    # A plain UPDATE, no version check: a harness's request is placed by content, and
+    # the tip follows its newest exchange (concurrent ones each keep their own branch;
+    # the last to finish holds the tip).
+    changes: dict[str, Any] = {"updated_at": timezone.now()}
+    if exchange.harness and exchange.harness != conversation.harness:
+        changes["harness"] = conversation.harness = exchange.harness
+    updated = Conversation.objects.filter(pk=conversation.pk).update(
+        tip_id=new.last, version=F("version") + 1, **changes
+    )
+    if not updated:
+        raise NotFound(f"no such conversation: {conversation.pk}")
     placement.matched = len(exchange.messages) + (1 if answer is not None else 0)
     placement.parent_id = new.last
     placement.parent_depth = depth + len(new.rows) - 1

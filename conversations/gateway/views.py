@@ -3,11 +3,13 @@ harness expects them, with Arbor's tree and ladder behind them.
 
 - ``POST /gateway/anthropic/v1/messages`` (+ ``/count_tokens``)
 - ``POST /gateway/openai/v1/chat/completions``, ``GET /gateway/openai/v1/models``
+- ``GET /gateway/status``: the token's exchanges not yet written (``?wait=S`` waits)
 
 The client's key is an Arbor API token (``x-api-key`` or ``Authorization: Bearer``).
-Errors answer in the provider's own shape. Streams are relayed event by event; the
-exchange is written when the upstream's answer is complete, before its last event
-reaches the client (so the harness's next request finds it stored).
+Errors answer in the provider's own shape. Streams are relayed event by event. The
+exchange is written once the upstream's answer is complete, behind the answer: the
+answer goes out at once, and the harness's next request waits for the write before it
+is placed (conversations/gateway/pending.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +30,7 @@ from django.views.decorators.csrf import csrf_exempt
 from compaction import services as compaction
 from compaction.estimate import Calibration
 from conversations.errors import ArborError
-from conversations.gateway import services, upstream, wire
+from conversations.gateway import pending, services, upstream, wire
 from conversations.gateway.dbthreads import on_db_thread
 from conversations.parts import NotJSON, strict_json
 from conversations.providers import ContextOverflow, ModelSpec, parse_overflow, resolve_model
@@ -159,6 +161,9 @@ class Prepared:
     estimate: int = 0
     budget: int = 0
     learn: bool = True
+    secret: str = ""  # the client's token: its writes are awaited by its next request
+    # Set once the answer is sent: the exchange is written then (pending.WRITE_BEHIND).
+    answered: asyncio.Event | None = None
 
     async def placed(self) -> services.Placement:
         """The request's place in the tree, once placing it has finished."""
@@ -306,7 +311,7 @@ def _prepare(protocol: Protocol, secret: str, headers: dict[str, str], raw: byte
         raise ArborError(str(exc), code="invalid_messages") from None
     calibration, reported = _calibration(spec.calibration_key)
     raw_estimate = exchange.raw_tokens(spec.image_billing)
-    prep = Prepared(protocol, spec, exchange, user, raw_estimate, raw)
+    prep = Prepared(protocol, spec, exchange, user, raw_estimate, raw, secret=secret)
     prep.conversation_id = headers.get(services.CONVERSATION_HEADER) or None
     prep.budget = compaction.model_budget(spec, reported)
     prep.estimate = calibration.apply(raw_estimate)
@@ -453,7 +458,7 @@ def _sse_data(event: bytes) -> str | None:
 
 async def _relay(prep: Prepared, response: Any) -> AsyncIterator[bytes]:
     """Relay the upstream's SSE stream event by event, building the answer; when it is
-    complete, write the exchange, then send the last event."""
+    complete, start writing the exchange (see ``_write``), then send the last event."""
     anthropic = prep.protocol.name == "anthropic"
     answer: Any = wire.AnthropicAnswer() if anthropic else wire.OpenAIAnswer()
     buffer = b""
@@ -477,7 +482,7 @@ async def _relay(prep: Prepared, response: Any) -> AsyncIterator[bytes]:
                         final = anthropic and parsed.get("type") == "message_stop"
                 if final and not stored:
                     stored = True
-                    await _store_answer(prep, answer)
+                    await _write(prep, _store_answer(prep, answer))
                 yield event + b"\n\n"
         if buffer.strip():
             yield buffer
@@ -500,6 +505,15 @@ async def _store_answer(prep: Prepared, answer: Any) -> None:
             response_id=answer.id,
         )
     await _write_exchange(prep, message, metadata)
+
+
+async def _write(prep: Prepared, write: Coroutine[Any, Any, None]) -> None:
+    """Write the exchange behind the answer where the server's loop outlives the
+    request; else before the answer goes out."""
+    if prep.answered is not None:
+        pending.start(prep.secret, write, after=prep.answered)
+    else:
+        await write
 
 
 async def _write_exchange(
@@ -529,6 +543,11 @@ def _whole_answer(prep: Prepared, result: dict[str, Any]) -> tuple[dict[str, Any
     return message, metadata
 
 
+# How long a request waits for its token's previous write (a database lock may hold it);
+# past that it is placed anyway, and exchange_store re-checks its place.
+WRITE_WAIT = 30.0
+
+
 async def _prepared(protocol: Protocol, request: HttpRequest) -> Prepared | HttpResponseBase:
     """The request checked, read and placed in the tree; or the error to answer with."""
     if request.method != "POST":
@@ -542,6 +561,10 @@ async def _prepared(protocol: Protocol, request: HttpRequest) -> Prepared | Http
             413, "request_too_large", f"the request is larger than {MAX_BODY} bytes"
         )
     headers = {k.lower(): v for k, v in request.headers.items()}
+    # The token's previous exchange may still be being written (behind its answer): this
+    # request continues it, so it is placed only once that write is done.
+    if not await pending.settle(secret, timeout=WRITE_WAIT):
+        log.warning("gateway: a previous exchange is still being written; placing anyway")
     try:
         # One trip to a database thread: the token, the request read, and (when it must
         # come first) its place in the tree and what to send.
@@ -550,6 +573,7 @@ async def _prepared(protocol: Protocol, request: HttpRequest) -> Prepared | Http
         return _unauthorized(protocol)
     except ArborError as exc:
         return _arbor_error(protocol, exc)
+    prep.answered = getattr(request, "scope", {}).get(pending.WRITE_BEHIND)
     if prep.placement is None:
         # Placed while the upstream answers: the request goes out as it came.
         prep.placing = asyncio.ensure_future(on_db_thread(_place)(prep))
@@ -621,7 +645,7 @@ async def _handle(protocol: Protocol, request: HttpRequest) -> HttpResponseBase:
     except ValueError:
         result = None
     if isinstance(result, dict):
-        await _write_exchange(prep, *_whole_answer(prep, result))
+        await _write(prep, _write_exchange(prep, *_whole_answer(prep, result)))
     return HttpResponse(raw, status=200, headers=relayed)
 
 
@@ -714,3 +738,34 @@ async def openai_models(request: HttpRequest) -> HttpResponse:
 async def base(request: HttpRequest) -> HttpResponse:
     """The base URLs themselves answer (harnesses probe them before the first request)."""
     return JsonResponse({"gateway": "arbor", "endpoints": ["/v1/messages", "/v1/chat/completions"]})
+
+
+MAX_STATUS_WAIT = 30.0
+
+
+async def status(request: HttpRequest) -> HttpResponse:
+    """``GET /gateway/status``: how many of the token's exchanges are answered but not
+    yet written in this process; with ``?wait=S`` (at most 30 s), once they are
+    written or S seconds have passed. For readers that must see the last answer in the
+    tree right after it arrived (tests, scripts)."""
+    try:
+        user = await _user(request)
+    except ArborError as exc:
+        return _arbor_error(ANTHROPIC, exc)
+    if user is None:
+        return _unauthorized(ANTHROPIC)
+    secret = _credential(request)
+    raw_wait = request.GET.get("wait", "0")
+    try:
+        wait = float(raw_wait)
+    except ValueError:
+        wait = -1.0
+    if not 0 <= wait <= MAX_STATUS_WAIT:  # NaN fails this too
+        return ANTHROPIC.error(
+            400,
+            "invalid_request_error",
+            f"wait: a number of seconds from 0 to {MAX_STATUS_WAIT:g}, not {raw_wait!r}",
+        )
+    if wait:
+        await pending.settle(secret, timeout=wait)
+    return JsonResponse({"pending_writes": pending.count(secret)})
