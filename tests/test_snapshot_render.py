@@ -35,6 +35,7 @@ from compaction.render import (
     tesseract_available,
 )
 from compaction.render.atlas import INVERT, font_stack
+from compaction.render.ocr import ocr_image
 from compaction.render.profiles import FONT_DIR
 from compaction.render.redrawn import REDRAWN
 from conversations.providers.billing import BILLING_RULES, image_tokens
@@ -438,12 +439,40 @@ def test_real_agent_transcript_pages_read_back_within_three_percent() -> None:
     assert all(rate is not None and rate <= 0.03 for rate in rates), rates
 
 
+# Lines from the sample transcripts where a "w" or "m" follows a slash; before the slash
+# was redrawn clear of the last column, tesseract read "badlogicAvorkspaces",
+# "badlogicfworkspaces", ".fmodels.js", "readfwrite".
+SLASHED_LINES = (
+    "Files the agent opened in this session:",
+    "/Users/badlogic/workspaces/pi-mono/packages/coding-agent/src/core/agent-session.ts",
+    "import { loadModels } from ./models.js and then ./messages.js",
+    "the read/write/edit tools, and complete/whatever",
+    "cd /Users/badlogic/workspaces/pi-mono && npm run check",
+)
+SLASHED = (
+    "badlogic/workspaces/pi-mono/packages/coding-agent/src/core/agent-session.ts",
+    "./models.js",
+    "read/write/edit",
+    "complete/whatever",
+    "badlogic/workspaces/pi-mono&&npm",
+)
+
+
+def test_a_slash_before_w_or_m_reads_back_exactly() -> None:
+    _require_tesseract("eng")
+    (page,) = render_pages([Segment("tool", "paths", "\n".join(SLASHED_LINES))]).pages
+    reading = ocr_image(page.png, row_boxes=page.row_boxes) or ""
+    read = "".join(reading.split())
+    missing = [token for token in SLASHED if token not in read]
+    assert not missing, (missing, reading)
+
+
 @pytest.mark.parametrize("density", sorted(DENSITIES))
 def test_misread_glyphs_are_redrawn_in_their_cell(density: str) -> None:
     stack = font_stack(DENSITIES[density])
     font = stack.fonts[0]
     table = REDRAWN[DENSITIES[density].faces[0].file]
-    assert set(table) >= {"+", "-", "0", "5", "@", ".", ","}
+    assert set(table) >= {"+", "-", "0", "5", "@", ".", ",", "/"}
     for char, rows in table.items():
         found = stack.find(ord(char))
         assert found is not None
