@@ -103,11 +103,33 @@ def _calibration_event(
 
 
 def calibration_observe(*, model_id: str, raw_estimate: int, measured: int) -> Calibration:
-    """Learn from the provider's measured input tokens for a request we estimated."""
-    calibration, _ = calibration_get(model_id)
-    before = calibration.factor
-    calibration = calibration.observe(raw_estimate, measured)
-    _calibration_save(model_id, calibration)
+    """Learn from the provider's measured input tokens for a request we estimated.
+
+    Every turn and gateway request does this, so the common case is two queries: the
+    row read, and an UPDATE that applies only if nobody learned in between (its factor
+    and sample count unchanged); otherwise (a concurrent observation, or no row yet) it
+    is read again under a lock and saved."""
+    row = ModelCalibration.objects.filter(model=model_id).values("factor", "samples").first()
+    applied = 0
+    if row is not None:
+        before = row["factor"]
+        calibration = Calibration(factor=before, samples=row["samples"]).observe(
+            raw_estimate, measured
+        )
+        applied = ModelCalibration.objects.filter(
+            model=model_id, samples=row["samples"], factor=before
+        ).update(factor=calibration.factor, samples=calibration.samples, updated_at=timezone.now())
+    if not applied:
+        with transaction.atomic():
+            locked = ModelCalibration.objects.select_for_update().filter(model=model_id).first()
+            current = (
+                Calibration(factor=locked.factor, samples=locked.samples)
+                if locked is not None
+                else Calibration()
+            )
+            before = current.factor
+            calibration = current.observe(raw_estimate, measured)
+            _calibration_save(model_id, calibration)
     # The first few, and any that moved the factor by more than 1%.
     if abs(calibration.factor - before) > 0.01 * before or calibration.samples <= 3:
         _calibration_event(

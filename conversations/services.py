@@ -359,10 +359,13 @@ def turn_attempt_start(
 ) -> TurnAttempt:
     """Record a turn about to run in this process, committed on its own (or with the
     caller's transaction: a retry claims its attempt under the conversation's lock)."""
+    # On its own, one INSERT committed as it runs (no BEGIN and COMMIT around it): the
+    # foreign key of a conversation deleted a moment ago is checked at that commit and
+    # fails here, as NotFound. Inside a caller's transaction, a savepoint, so that the
+    # failure leaves the caller's transaction usable.
+    inside = transaction.get_connection().in_atomic_block
     try:
-        # Its own atomic block: the foreign key of a conversation deleted a moment ago
-        # fails here (it is checked when the block commits), as NotFound.
-        with transaction.atomic():
+        with transaction.atomic() if inside else contextlib.nullcontext():
             return TurnAttempt.objects.create(
                 conversation=conversation,
                 parent_id=parent_id,
