@@ -29,21 +29,23 @@ GATEWAY_MIDDLEWARE = ("arbor.middleware.gateway_guard", "arbor.middleware.privat
 
 class GatewayHandler(ASGIHandler):
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if settings.ARBOR_GATEWAY_DB_THREADS <= 0:
+            # Sync work runs in Django's per-request thread context, which ends with the
+            # request: a write after it would open a thread and a connection nobody
+            # closes. Without the gateway's own threads, the view writes, then answers.
+            await super().__call__(scope, receive, send)
+            return
         # This server's event loop outlives the request: the view may write the exchange
         # behind its answer (conversations/gateway/pending.py), once the answer is sent
         # (so that the write does not compete with sending it).
         answered = asyncio.Event()
-        scope = {**scope, WRITE_BEHIND: answered}
         try:
-            if settings.ARBOR_GATEWAY_DB_THREADS <= 0:
-                await super().__call__(scope, receive, send)
-            else:
-                # Django gives each request a thread of its own for its sync code (a
-                # ThreadSensitiveContext): a thread started and stopped per request. The
-                # gateway's views run their sync work on their own long-lived threads
-                # (conversations/gateway/dbthreads.py), so what is left here (the
-                # request signals' receivers) runs on asgiref's one shared thread.
-                await self.handle(scope, receive, send)
+            # Django gives each request a thread of its own for its sync code (a
+            # ThreadSensitiveContext): a thread started and stopped per request. The
+            # gateway's views run their sync work on their own long-lived threads
+            # (conversations/gateway/dbthreads.py), so what is left here (the request
+            # signals' receivers) runs on asgiref's one shared thread instead.
+            await self.handle({**scope, WRITE_BEHIND: answered}, receive, send)
         finally:
             answered.set()
 

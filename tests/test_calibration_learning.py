@@ -1,6 +1,6 @@
 """Learning the estimator's calibration from a provider's count: every turn and every
 gateway request does it, so it is two queries in the common case, and an observation
-made by another process between the read and the write is never lost."""
+made by another process between the read and the write is kept."""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from django.db import transaction
@@ -271,6 +272,36 @@ class WriteBehindTests(GatewayCase):
                 self.assertEqual(status, 400, raw)
                 self.assertIn("wait", json.loads(raw)["error"]["message"])
         self.assertEqual(self.pending(), 0)
+
+
+class InlineWriteTests(TransactionTestCase):
+    """Without the gateway's own database threads (ARBOR_GATEWAY_DB_THREADS=0) a view's
+    sync work runs in Django's per-request thread context, which ends with the request:
+    the exchange is written before the answer, and no thread or connection is left
+    behind per request."""
+
+    def test_the_exchange_is_in_the_tree_when_the_answer_arrives(self) -> None:
+        gateway = LiveGateway(extra_env={"ARBOR_GATEWAY_DB_THREADS": "0"}).start()
+        self.addCleanup(gateway.stop)
+        assert gateway.server is not None
+        descriptors = Path(f"/proc/{gateway.server.pid}/fd")
+        headers = {"x-api-key": gateway.token}
+        opened = 0
+        for i in range(40):
+            gateway.fake.push(Step.reply(f"answer {i}"))
+            status, raw, _ = gateway.call(
+                "POST",
+                "/gateway/anthropic/v1/messages",
+                request([{"role": "user", "content": f"task {i}"}]),
+                headers=headers,
+            )
+            self.assertEqual(status, 200, raw)
+            # No settle: it was written before the answer went out.
+            conversation = Conversation.objects.get(owner=gateway.user, title=f"task {i}")
+            self.assertEqual(conversation.tip.parts[0]["text"], f"answer {i}")
+            if i == 4:
+                opened = len(list(descriptors.iterdir()))
+        self.assertLessEqual(len(list(descriptors.iterdir())) - opened, 5)
 
 
 class IsolationTests(TransactionTestCase):

@@ -126,3 +126,29 @@ class PlacementTests(TestCase):
         self.assertEqual([m.parent_id for m in rows[1:]], [m.pk for m in rows[:-1]])
         conversation.refresh_from_db()
         self.assertEqual(conversation.tip_id, rows[-1].pk)
+
+    def test_a_write_that_comes_after_the_next_exchange_adds_nothing_and_keeps_the_tip(
+        self,
+    ) -> None:
+        # Request A's write is late (another process stored the harness's next request
+        # B, which carries A's answer, first): A's answer is not written twice and the
+        # tip stays at B's end.
+        first = [{"role": "user", "content": "Start the late task."}]
+        a = _exchange(first, "s-4")
+        a_place = services.placement_find(user=self.user, exchange=a, conversation_id=None)
+        conversation = a_place.conversation
+        answer = {"role": "assistant", "content": "A's answer."}
+        b = _exchange([*first, answer, {"role": "user", "content": "Go on."}], "s-4")
+        b_place = services.placement_find(user=self.user, exchange=b, conversation_id=None)
+        b_tip = services.exchange_store(
+            placement=b_place, exchange=b, answer={"role": "assistant", "content": "B's answer."}
+        )
+        stored = services.exchange_store(placement=a_place, exchange=a, answer=answer)
+        rows = list(Message.objects.filter(conversation=conversation).order_by("depth"))
+        self.assertEqual(
+            [m.parts[0]["text"] for m in rows],
+            ["Start the late task.", "A's answer.", "Go on.", "B's answer."],
+        )
+        self.assertEqual(stored, rows[1].pk)
+        conversation.refresh_from_db()
+        self.assertEqual(conversation.tip_id, b_tip)

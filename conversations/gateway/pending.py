@@ -16,7 +16,8 @@ What keeps that safe:
 - **a server killed** before a write finished loses only what the harness already holds:
   its next request carries the answer, and is stored with it;
 - **readers that must see a write** (tests, scripts) ask ``GET /gateway/status?wait=S``
-  with the token, which answers once the token's writes are done.
+  with the token, which answers once the token's writes are done (in the process that
+  answers it: with several server processes, each knows only its own).
 
 Tasks belong to an event loop, so the registry is kept per loop; and only a request
 served by the server's own loop (the ASGI gateway handler marks its scope with
@@ -56,7 +57,12 @@ def _tasks() -> dict[str, set[asyncio.Task[None]]]:
 
 
 async def _once(answered: asyncio.Event, write: Coroutine[Any, Any, None]) -> None:
-    await answered.wait()
+    try:
+        await answered.wait()
+    except asyncio.CancelledError:  # the loop is being torn down (a forced stop)
+        write.close()
+        log.warning("gateway: an exchange was not written: the server stopped first")
+        raise
     await write
 
 
@@ -99,11 +105,21 @@ async def settle(secret: str, timeout: float | None = None) -> bool:
     return not still
 
 
-async def drain() -> None:
-    """Wait for every pending write of this loop (the server's shutdown)."""
+DRAIN_TIMEOUT = 30.0
+
+
+async def drain(timeout: float = DRAIN_TIMEOUT) -> None:
+    """Wait for every pending write of this loop (the server's shutdown), for at most
+    ``timeout`` seconds (a write held by a database lock must not hold the stop)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
     tasks = _tasks()
     while True:
         waiting = {task for group in tasks.values() for task in group if not task.done()}
+        left = deadline - loop.time()
         if not waiting:
             return
-        await asyncio.wait(waiting)
+        if left <= 0:
+            log.warning("gateway: stopping with %d exchanges not yet written", len(waiting))
+            return
+        await asyncio.wait(waiting, timeout=left)

@@ -511,6 +511,20 @@ def _store(
         previous = exchange.keys[-1] if exchange.keys else wire.CHAIN_SEED
         index = len(exchange.messages)
         key = wire.chain_next(previous, to_digest(answer))
+        if start == index:
+            # Everything the request carried is stored: perhaps the answer too, by a
+            # later request that carried it and was stored first (this write came late;
+            # or the same request was answered the same way before). Then there is
+            # nothing to add, and the tip stays where the newer exchange put it.
+            conversation_ids = Conversation.objects.filter(pk=placement.conversation.pk)
+            stored = _deepest(conversation_ids.values("pk"), [key])
+            if stored is not None:
+                placement.matched, placement.parent_id, placement.parent_depth = (
+                    index + 1,
+                    stored[2],
+                    stored[3],
+                )
+                return stored[2]
         groups.append((index, key, to_drafts(answer, "answer")))
         extra[index] = dict(answer_metadata or {})
     if not groups:
