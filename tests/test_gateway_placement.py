@@ -15,7 +15,7 @@ from django.test import TestCase
 from django.test.utils import CaptureQueriesContext
 
 from conversations.gateway import services
-from conversations.models import Message
+from conversations.models import Conversation, Message
 from tests.builders import make_user
 
 
@@ -152,3 +152,32 @@ class PlacementTests(TestCase):
         self.assertEqual(stored, rows[1].pk)
         conversation.refresh_from_db()
         self.assertEqual(conversation.tip_id, b_tip)
+
+    def test_the_same_request_answered_the_same_way_again_moves_the_tip_to_that_answer(
+        self,
+    ) -> None:
+        messages = [{"role": "user", "content": "Say the same thing twice."}]
+        answer = {"role": "assistant", "content": "The same thing."}
+        conversation = self._stored(messages, "s-5")  # answered "Done." first
+        first = services.placement_find(
+            user=self.user, exchange=_exchange(messages, "s-5"), conversation_id=None
+        )
+        same = services.exchange_store(
+            placement=first, exchange=_exchange(messages, "s-5"), answer=answer
+        )
+        # The harness went back to the other answer's branch meanwhile.
+        done = Message.objects.get(conversation=conversation, parts__0__text="Done.")
+        Conversation.objects.filter(pk=conversation.pk).update(tip_id=done.pk)
+        again = services.placement_find(
+            user=self.user, exchange=_exchange(messages, "s-5"), conversation_id=None
+        )
+        self.assertEqual(
+            services.exchange_store(
+                placement=again, exchange=_exchange(messages, "s-5"), answer=answer
+            ),
+            same,
+        )
+        # Two answers (siblings), not three; the tip on the newest exchange's answer.
+        self.assertEqual(Message.objects.filter(conversation=conversation).count(), 3)
+        conversation.refresh_from_db()
+        self.assertEqual(conversation.tip_id, same)

@@ -490,6 +490,21 @@ def _catch_up(placement: Placement, exchange: Exchange) -> None:
         _, placement.matched, placement.parent_id, placement.parent_depth = found
 
 
+def _stored_answer(placement: Placement, key: str) -> tuple[Any, int, uuid.UUID, int] | None:
+    """Everything the request carried is stored; is the answer too? Then nothing is
+    written. Either the same request was answered the same way before (the tip moves to
+    that answer, as to any newest exchange), or this write came late: a later request
+    carrying the answer was stored first, below it (the tip stays where that newer
+    exchange put it)."""
+    conversation_ids = Conversation.objects.filter(pk=placement.conversation.pk)
+    stored = _deepest(conversation_ids.values("pk"), [key])
+    if stored is not None and not Message.objects.filter(parent_id=stored[2]).exists():
+        Conversation.objects.filter(pk=placement.conversation.pk).update(
+            tip_id=stored[2], version=F("version") + 1, updated_at=timezone.now()
+        )
+    return stored
+
+
 def _store(
     placement: Placement,
     exchange: Exchange,
@@ -512,12 +527,7 @@ def _store(
         index = len(exchange.messages)
         key = wire.chain_next(previous, to_digest(answer))
         if start == index:
-            # Everything the request carried is stored: perhaps the answer too, by a
-            # later request that carried it and was stored first (this write came late;
-            # or the same request was answered the same way before). Then there is
-            # nothing to add, and the tip stays where the newer exchange put it.
-            conversation_ids = Conversation.objects.filter(pk=placement.conversation.pk)
-            stored = _deepest(conversation_ids.values("pk"), [key])
+            stored = _stored_answer(placement, key)
             if stored is not None:
                 placement.matched, placement.parent_id, placement.parent_depth = (
                     index + 1,
