@@ -122,6 +122,16 @@ async def _user(request: HttpRequest) -> Any:
     return await on_db_thread(api_token_authenticate)(secret=secret)
 
 
+async def _user_or_refusal(protocol: Protocol, request: HttpRequest) -> Any:
+    """The token's user, or the refusal to answer with (an HttpResponse, in the
+    protocol's error shape) when the token is missing, unknown or expired."""
+    try:
+        user = await _user(request)
+    except ArborError as exc:
+        return _arbor_error(protocol, exc)
+    return user if user is not None else _unauthorized(protocol)
+
+
 def _spec(protocol: Protocol, model: Any) -> ModelSpec:
     if not isinstance(model, str) or not model.strip():
         raise ArborError("model: a model name is required", code="invalid_model")
@@ -681,12 +691,9 @@ def _count(protocol: Protocol, user: Any, body: dict[str, Any], headers: dict[st
 @csrf_exempt
 async def anthropic_count_tokens(request: HttpRequest) -> HttpResponse:
     """The upstream's own count where it has the endpoint; else Arbor's estimate."""
-    try:
-        user = await _user(request)
-    except ArborError as exc:
-        return _arbor_error(ANTHROPIC, exc)
-    if user is None:
-        return _unauthorized(ANTHROPIC)
+    user = await _user_or_refusal(ANTHROPIC, request)
+    if isinstance(user, HttpResponse):
+        return user
     try:
         body = json.loads(_read_body(request) or b"")
         assert isinstance(body, dict)
@@ -725,12 +732,9 @@ def _model_list() -> list[dict[str, Any]]:
 
 @csrf_exempt
 async def openai_models(request: HttpRequest) -> HttpResponse:
-    try:
-        user = await _user(request)
-    except ArborError as exc:
-        return _arbor_error(OPENAI, exc)
-    if user is None:
-        return _unauthorized(OPENAI)
+    refusal = await _user_or_refusal(OPENAI, request)
+    if isinstance(refusal, HttpResponse):
+        return refusal
     data = await on_db_thread(_model_list)()
     return JsonResponse({"object": "list", "data": data})
 
@@ -748,12 +752,9 @@ async def status(request: HttpRequest) -> HttpResponse:
     yet written in this process; with ``?wait=S`` (at most 30 s), once they are
     written or S seconds have passed. For readers that must see the last answer in the
     tree right after it arrived (tests, scripts)."""
-    try:
-        user = await _user(request)
-    except ArborError as exc:
-        return _arbor_error(ANTHROPIC, exc)
-    if user is None:
-        return _unauthorized(ANTHROPIC)
+    refusal = await _user_or_refusal(ANTHROPIC, request)
+    if isinstance(refusal, HttpResponse):
+        return refusal
     secret = _credential(request)
     raw_wait = request.GET.get("wait", "0")
     try:
