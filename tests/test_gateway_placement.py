@@ -44,6 +44,14 @@ class PlacementTests(TestCase):
     def setUp(self) -> None:
         self.user = make_user("placer")
 
+    def _placed(
+        self, messages: list[dict[str, Any]], session: str
+    ) -> tuple[services.Exchange, services.Placement]:
+        exchange = _exchange(messages, session)
+        return exchange, services.placement_find(
+            user=self.user, exchange=exchange, conversation_id=None
+        )
+
     def _stored(self, messages: list[dict[str, Any]], session: str = "") -> Any:
         exchange = _exchange(messages, session)
         placement = services.placement_find(user=self.user, exchange=exchange, conversation_id=None)
@@ -100,13 +108,11 @@ class PlacementTests(TestCase):
         # place the harness's next request before that write commits. The stale
         # placement is caught up when the next exchange is written.
         first = [{"role": "user", "content": "Start the stale task."}]
-        exchange = _exchange(first, "s-3")
-        placement = services.placement_find(user=self.user, exchange=exchange, conversation_id=None)
+        exchange, placement = self._placed(first, "s-3")
         conversation = placement.conversation
         answer = {"role": "assistant", "content": "First answer."}
         second = [*first, answer, {"role": "user", "content": "And then?"}]
-        later = _exchange(second, "s-3")
-        stale = services.placement_find(user=self.user, exchange=later, conversation_id=None)
+        later, stale = self._placed(second, "s-3")
         self.assertEqual((stale.conversation.pk, stale.matched), (conversation.pk, 0))
 
         services.exchange_store(placement=placement, exchange=exchange, answer=answer)
@@ -134,12 +140,10 @@ class PlacementTests(TestCase):
         # B, which carries A's answer, first): A's answer is not written twice and the
         # tip stays at B's end.
         first = [{"role": "user", "content": "Start the late task."}]
-        a = _exchange(first, "s-4")
-        a_place = services.placement_find(user=self.user, exchange=a, conversation_id=None)
+        a, a_place = self._placed(first, "s-4")
         conversation = a_place.conversation
         answer = {"role": "assistant", "content": "A's answer."}
-        b = _exchange([*first, answer, {"role": "user", "content": "Go on."}], "s-4")
-        b_place = services.placement_find(user=self.user, exchange=b, conversation_id=None)
+        b, b_place = self._placed([*first, answer, {"role": "user", "content": "Go on."}], "s-4")
         b_tip = services.exchange_store(
             placement=b_place, exchange=b, answer={"role": "assistant", "content": "B's answer."}
         )
@@ -159,23 +163,14 @@ class PlacementTests(TestCase):
         messages = [{"role": "user", "content": "Say the same thing twice."}]
         answer = {"role": "assistant", "content": "The same thing."}
         conversation = self._stored(messages, "s-5")  # answered "Done." first
-        first = services.placement_find(
-            user=self.user, exchange=_exchange(messages, "s-5"), conversation_id=None
-        )
-        same = services.exchange_store(
-            placement=first, exchange=_exchange(messages, "s-5"), answer=answer
-        )
+        exchange, first = self._placed(messages, "s-5")
+        same = services.exchange_store(placement=first, exchange=exchange, answer=answer)
         # The harness went back to the other answer's branch meanwhile.
         done = Message.objects.get(conversation=conversation, parts__0__text="Done.")
         Conversation.objects.filter(pk=conversation.pk).update(tip_id=done.pk)
-        again = services.placement_find(
-            user=self.user, exchange=_exchange(messages, "s-5"), conversation_id=None
-        )
+        exchange, again = self._placed(messages, "s-5")
         self.assertEqual(
-            services.exchange_store(
-                placement=again, exchange=_exchange(messages, "s-5"), answer=answer
-            ),
-            same,
+            services.exchange_store(placement=again, exchange=exchange, answer=answer), same
         )
         # Two answers (siblings), not three; the tip on the newest exchange's answer.
         self.assertEqual(Message.objects.filter(conversation=conversation).count(), 3)

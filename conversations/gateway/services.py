@@ -244,7 +244,12 @@ def exchange_read(
 # --- placing it in the tree ---------------------------------------------------------------
 
 
-def _deepest(conversation_ids: Any, keys: Sequence[str]) -> tuple[Any, int, uuid.UUID, int] | None:
+# (conversation id, matched count, message id, its depth): where a request's longest
+# stored prefix ends.
+Match = tuple[Any, int, uuid.UUID, int]
+
+
+def _deepest(conversation_ids: Any, keys: Sequence[str]) -> Match | None:
     """(conversation id, matched count, message id, its depth) of the longest stored
     prefix. The newest keys are tried first: a harness's next request usually continues
     right after the answer it got (one lookup of three keys, not of the whole request)."""
@@ -259,7 +264,7 @@ def _deepest(conversation_ids: Any, keys: Sequence[str]) -> tuple[Any, int, uuid
         rows = Message.objects.filter(~Q(gateway_key=""), gateway_key__in=wanted)
         if conversation_ids is not None:
             rows = rows.filter(conversation_id__in=conversation_ids)
-        best: tuple[Any, int, uuid.UUID, int] | None = None
+        best: Match | None = None
         for cid, mid, key, depth in rows.values_list(
             "conversation_id", "id", "gateway_key", "depth"
         ):
@@ -269,6 +274,14 @@ def _deepest(conversation_ids: Any, keys: Sequence[str]) -> tuple[Any, int, uuid
         if best is not None:
             return best
     return None
+
+
+def _deepest_in(conversation_id: Any, keys: Sequence[str]) -> Match | None:
+    """``_deepest`` within one conversation. The conversation goes in as a subquery, not
+    a list of one id: SQLite (without ANALYZE statistics) would otherwise read every
+    message of the conversation by its conversation index, instead of the few rows with
+    the wanted keys (the cost grew with the session)."""
+    return _deepest(Conversation.objects.filter(pk=conversation_id).values("pk"), keys)
 
 
 def placement_find(*, user: Any, exchange: Exchange, conversation_id: str | None) -> Placement:
@@ -307,10 +320,7 @@ def _placement_find(*, user: Any, exchange: Exchange, conversation_id: str | Non
             return Placement(conversation, found[1], found[2], parent_depth=found[3])
     if conversation is None:
         return Placement(_conversation_new(user, exchange), 0, None, created=True)
-    # As a subquery, not a list of one id: SQLite (without ANALYZE statistics) would
-    # otherwise read every message of the conversation by its conversation index,
-    # instead of the few rows with the wanted keys (the cost grew with the session).
-    found = _deepest(Conversation.objects.filter(pk=conversation.pk).values("pk"), exchange.keys)
+    found = _deepest_in(conversation.pk, exchange.keys)
     if found is None:
         return Placement(conversation, 0, None)
     return Placement(conversation, found[1], found[2], parent_depth=found[3])
@@ -481,23 +491,22 @@ def _catch_up(placement: Placement, exchange: Exchange) -> None:
     """More of the request may be stored than when it was placed: the answer to the
     request before is written behind that answer (views: pending), and another server
     process may have served it. Continue below the deepest stored prefix, so nothing is
-    written twice."""
+    written twice. (Even in a conversation this request created: the harness's next
+    request, placed there by its session, may have been stored first.)"""
     if placement.matched >= len(exchange.keys):
         return
-    conversation = Conversation.objects.filter(pk=placement.conversation.pk).values("pk")
-    found = _deepest(conversation, exchange.keys)
+    found = _deepest_in(placement.conversation.pk, exchange.keys)
     if found is not None and found[1] > placement.matched:
         _, placement.matched, placement.parent_id, placement.parent_depth = found
 
 
-def _stored_answer(placement: Placement, key: str) -> tuple[Any, int, uuid.UUID, int] | None:
+def _stored_answer(placement: Placement, key: str) -> Match | None:
     """Everything the request carried is stored; is the answer too? Then nothing is
     written. Either the same request was answered the same way before (the tip moves to
     that answer, as to any newest exchange), or this write came late: a later request
     carrying the answer was stored first, below it (the tip stays where that newer
     exchange put it)."""
-    conversation_ids = Conversation.objects.filter(pk=placement.conversation.pk)
-    stored = _deepest(conversation_ids.values("pk"), [key])
+    stored = _deepest_in(placement.conversation.pk, [key])
     if stored is not None and not Message.objects.filter(parent_id=stored[2]).exists():
         Conversation.objects.filter(pk=placement.conversation.pk).update(
             tip_id=stored[2], version=F("version") + 1, updated_at=timezone.now()
