@@ -191,7 +191,9 @@ class WriteBehindTests(GatewayCase):
     ) -> None:
         conversation, second = self.first_exchange()
         self.gateway.fake.push(Step.reply("Second part done."), Step.reply("Third done."))
-        with writes_held(conversation), ThreadPoolExecutor(1) as pool:
+        # The pool outlives the lock: leaving it waits for the third request, which
+        # waits for the lock to go.
+        with ThreadPoolExecutor(1) as pool, writes_held(conversation):
             answer = self.post(second)  # answered while its write cannot happen
             self.assertEqual(answer["content"][0]["text"], "Second part done.")
             self.assertEqual(self.pending(), 1)

@@ -116,9 +116,9 @@ class PlacementTests(TestCase):
         self.assertEqual((stale.conversation.pk, stale.matched), (conversation.pk, 0))
 
         services.exchange_store(placement=placement, exchange=exchange, answer=answer)
-        # The catch-up read, the insert and the tip move, in one transaction (here a
-        # savepoint and its release, inside the test's own).
-        with self.assertNumQueries(5):
+        # The conversation's lock, the catch-up read, the insert and the tip move, in one
+        # transaction (here a savepoint and its release, inside the test's own).
+        with self.assertNumQueries(6):
             services.exchange_store(
                 placement=stale,
                 exchange=later,

@@ -483,6 +483,10 @@ def exchange_store(
     transcript: what the harness sent) and the tip moves to their end. Returns the new
     last message (the tip)."""
     with transaction.atomic():
+        # Writes to one conversation take turns (its row locked; SQLite's writers take
+        # turns anyway), so the catch-up below sees what the one before committed.
+        locked = Conversation.objects.select_for_update().filter(pk=placement.conversation.pk)
+        list(locked.values_list("pk", flat=True))
         _catch_up(placement, exchange)
         return _store(placement, exchange, answer, answer_metadata)
 
