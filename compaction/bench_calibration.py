@@ -48,9 +48,9 @@ def run(turn_count: int = TURNS) -> dict[str, Any]:
     def provider(spec: Any, **kwargs: Any) -> Any:
         return make_provider(spec, base_url=fake.openai_base_url, **kwargs)
 
-    def observe(*, model_id: str, raw_estimate: int, measured: int) -> Any:
+    def observe(*, raw_estimate: int, measured: int, **rest: Any) -> Any:
         pairs.append((raw_estimate, measured))
-        return original_observe(model_id=model_id, raw_estimate=raw_estimate, measured=measured)
+        return original_observe(raw_estimate=raw_estimate, measured=measured, **rest)
 
     turns.make_provider = provider  # type: ignore[assignment]
     compaction.calibration_observe = observe

@@ -102,22 +102,24 @@ def _calibration_event(
         CalibrationEvent.objects.filter(pk__in=old).delete()
 
 
-def calibration_observe(*, model_id: str, raw_estimate: int, measured: int) -> Calibration:
+def calibration_observe(
+    *, model_id: str, raw_estimate: int, measured: int, known: Calibration | None = None
+) -> Calibration:
     """Learn from the provider's measured input tokens for a request we estimated.
 
-    Every turn and gateway request does this, so the common case is two queries: the
-    row read, and an UPDATE that applies only if nobody learned in between (its factor
-    and sample count unchanged); otherwise (a concurrent observation, or no row yet) it
-    is read again under a lock and saved."""
-    row = ModelCalibration.objects.filter(model=model_id).values("factor", "samples").first()
+    Every turn and gateway request does this, so the common case is one UPDATE that
+    applies only if nobody learned in between (factor and sample count still those the
+    request was estimated with, ``known``; read first when not given); otherwise (a
+    concurrent observation, or no row yet) it is read again under a lock and saved."""
+    if known is None or not known.samples:
+        row = ModelCalibration.objects.filter(model=model_id).values("factor", "samples").first()
+        known = Calibration(factor=row["factor"], samples=row["samples"]) if row else None
     applied = 0
-    if row is not None:
-        before = row["factor"]
-        calibration = Calibration(factor=before, samples=row["samples"]).observe(
-            raw_estimate, measured
-        )
+    if known is not None:
+        before = known.factor
+        calibration = known.observe(raw_estimate, measured)
         applied = ModelCalibration.objects.filter(
-            model=model_id, samples=row["samples"], factor=before
+            model=model_id, samples=known.samples, factor=before
         ).update(factor=calibration.factor, samples=calibration.samples, updated_at=timezone.now())
     if not applied:
         with transaction.atomic():
@@ -845,6 +847,8 @@ def usage_observe(*, spec: ModelSpec, context: ContextResult, usage: Any) -> Non
         model_id=spec.calibration_key,
         raw_estimate=context.view.raw_tokens,
         measured=usage.input_tokens,
+        # What the request was estimated with: unchanged, the UPDATE needs no read first.
+        known=context.view.calibration,
     )
     if context.record is not None:
         record_measured(record=context.record, input_tokens=usage.input_tokens)

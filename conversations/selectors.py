@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import base64
+import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -101,6 +102,39 @@ def message_path(*, conversation_id: uuid.UUID, tip_id: uuid.UUID | None) -> lis
     table = Message._meta.db_table
     sql = _PATH_SQL.format(table=table, columns=_message_columns(table))
     return list(Message.objects.raw(sql, [_db_uuid(tip_id), _db_uuid(conversation_id)]))
+
+
+class PathRow(NamedTuple):
+    """A message of a path as the turn engine reads it: no model instance (building one
+    per message costs more than the query on a long path)."""
+
+    id: uuid.UUID
+    role: str
+    parts: list[dict[str, Any]]
+    metadata: dict[str, Any]
+
+
+def message_path_rows(*, conversation_id: uuid.UUID, tip_id: uuid.UUID | None) -> list[PathRow]:
+    """The path root→tip like ``message_path``, in the same query, as plain rows of what
+    a model is sent (id, role, parts, metadata)."""
+    if tip_id is None:
+        return []
+    table = Message._meta.db_table
+    columns = f"{table}.id, {table}.role, {table}.parts, {table}.metadata"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _PATH_SQL.format(table=table, columns=columns),
+            [_db_uuid(tip_id), _db_uuid(conversation_id)],
+        )
+        rows = cursor.fetchall()
+    # Both backends hand the JSON columns back as text (Django reads jsonb as text so
+    # that JSONField decodes it); SQLite hands ids back as 32 hex characters.
+    loads = json.loads
+    return [
+        PathRow(mid if isinstance(mid, uuid.UUID) else uuid.UUID(mid), role, loads(parts),
+                loads(metadata))
+        for mid, role, parts, metadata in rows
+    ]  # fmt: skip
 
 
 # The last ``limit`` messages of a path: the walk up from the tip stops after ``limit``

@@ -204,7 +204,10 @@ def turn_append(
         )
     check_turn_pairing(drafts, ends_in_rewind=ends_in_rewind)
 
-    with transaction.atomic():
+    # Inside a caller's transaction (the engine commits the attempt's end with the turn)
+    # it joins it without a savepoint: a failure here fails that whole transaction, as
+    # every caller wants, and two round trips a turn are saved.
+    with transaction.atomic(savepoint=False):
         conv = _lock_conversation(conversation, expected_version)
         depth = 0
         previous: uuid.UUID | None = None
@@ -1276,7 +1279,7 @@ def transcript_resume(
     boundary (see conversations.resume). A live checkpoint whose message was trimmed is
     marked dropped — never moved to another message — unless ``drop_checkpoints`` is
     False (a read-only look, such as the browser's context panel)."""
-    path = selectors.message_path(conversation_id=conversation.pk, tip_id=tip_id)
+    path = selectors.message_path_rows(conversation_id=conversation.pk, tip_id=tip_id)
     view, report = resume_view(path)
     if report.trimmed and drop_checkpoints:
         trimmed = {uuid.UUID(mid) for mid in report.trimmed}

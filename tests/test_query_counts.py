@@ -36,9 +36,10 @@ DEEP = 5_000
 FORK_PATH_QUERIES = 8
 # scope=subtree: the same plus the one recursive read of the subtree.
 FORK_SUBTREE_QUERIES = 9
-# turn_append: SAVEPOINT, lock the conversation row, check the parent, one INSERT of the
-# whole turn, the guarded tip UPDATE, RELEASE.
-TURN_QUERIES = 6
+# turn_append: lock the conversation row, check the parent, one INSERT of the whole turn,
+# the guarded tip UPDATE (it joins the caller's transaction, here the test's, without a
+# savepoint).
+TURN_QUERIES = 4
 
 
 def build_chain(owner: User, length: int, *, title: str = "chain") -> Conversation:
@@ -150,6 +151,26 @@ class MessagePathQueryTests(ChainTestCase):
         with self.assertNumQueries(1):
             path = selectors.message_path(conversation_id=self.shallow.pk, tip_id=self.deep.tip_id)
         assert path == []
+
+
+class PathRowsQueryTests(ChainTestCase):
+    """The turn engine's read of a path: the same query, plain rows instead of models."""
+
+    def test_it_reads_what_message_path_reads_in_one_query(self) -> None:
+        for conv in self.conversations():
+            with self.assertNumQueries(1):
+                rows = selectors.message_path_rows(conversation_id=conv.pk, tip_id=conv.tip_id)
+            models = selectors.message_path(conversation_id=conv.pk, tip_id=conv.tip_id)
+            assert [tuple(r) for r in rows] == [(m.id, m.role, m.parts, m.metadata) for m in models]
+            assert all(isinstance(r.id, uuid.UUID) for r in rows)
+        assert rows[-1].metadata == {"n": DEEP - 1}
+
+    def test_it_does_not_read_a_path_through_another_conversation(self) -> None:
+        assert (
+            selectors.message_path_rows(conversation_id=self.shallow.pk, tip_id=self.deep.tip_id)
+            == []
+        )
+        assert selectors.message_path_rows(conversation_id=self.shallow.pk, tip_id=None) == []
 
 
 class ChatWindowQueryTests(ChainTestCase):

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.test import Client, TestCase, TransactionTestCase
+from django.test.utils import CaptureQueriesContext
 
 from conversations import selectors, services, turns
 from conversations.models import Checkpoint, Conversation, Message, TurnAttempt
@@ -161,6 +163,42 @@ class TestTurnsBothProtocols:
         attempt = TurnAttempt.objects.get(pk=body["attempt"])
         assert attempt.status == "failed" and attempt.error_code == "context_overflow"
         assert Message.objects.count() == before
+
+
+class TurnQueryCountTests(ChatTestCase):
+    """A whole chat turn (attempt, path, calibration, transcript) costs a fixed number of
+    queries however long the path is: the path is one recursive read, the turn one
+    INSERT, and learning the calibration one guarded UPDATE."""
+
+    # Inside a TestCase: the conversation read, the attempt INSERT (in a savepoint pair:
+    # inside a caller's transaction), the path, the calibration read, its guarded
+    # UPDATE; then the transcript transaction (a savepoint pair here, BEGIN and COMMIT
+    # outside tests): the conversation locked, the parent checked, one INSERT, the tip
+    # UPDATE, the attempt's end. 12 outside tests (bench_turns).
+    QUERIES = 14
+
+    def _turn_queries(self, conv: Conversation) -> int:
+        turns.turn_run(conversation=conv, parts=text("warm up"), model="openai/test")
+        conv.refresh_from_db()
+        with CaptureQueriesContext(connection) as ctx:
+            turns.turn_run(conversation=conv, parts=text("counted"), model="openai/test")
+        # A calibration event is logged only when the factor moves by over 1% (see
+        # calibration_observe): not part of every turn, so not counted.
+        return sum("calibrationevent" not in q["sql"] for q in ctx.captured_queries)
+
+    def test_a_turn_costs_the_same_queries_on_a_short_and_a_long_path(self) -> None:
+        short = services.conversation_create(owner=self.user, title="short")
+        long = services.conversation_create(owner=self.user, title="long")
+        services.turn_append(
+            conversation=long,
+            parent_id=None,
+            expected_version=None,
+            messages=[
+                {"role": "user" if i % 2 == 0 else "assistant", "parts": text(f"m{i}")}
+                for i in range(60)
+            ],
+        )
+        assert self._turn_queries(short) == self._turn_queries(long) == self.QUERIES
 
 
 class RetryTests(ChatTestCase):

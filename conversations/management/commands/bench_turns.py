@@ -39,6 +39,7 @@ class _TimedProvider:
     """Wraps a provider and adds up the time spent waiting on its stream."""
 
     def __init__(self, inner: Provider, clock: list[float]) -> None:
+        # clock[0]: wall seconds inside the stream; clock[1]: this thread's CPU seconds
         self.inner, self.clock = inner, clock
 
     def __enter__(self) -> _TimedProvider:
@@ -50,13 +51,14 @@ class _TimedProvider:
     def stream(self, request: Request) -> Iterator[Any]:
         events = iter(self.inner.stream(request))
         while True:
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.thread_time()
             try:
                 event = next(events)
             except StopIteration:
-                self.clock[0] += time.perf_counter() - started
                 return
-            self.clock[0] += time.perf_counter() - started
+            finally:
+                self.clock[0] += time.perf_counter() - started
+                self.clock[1] += time.thread_time() - cpu
             yield event
 
 
@@ -79,7 +81,7 @@ class Command(BaseCommand):
         user = User.objects.create_user(username=BENCH_USERNAME)
         fake = FakeLLMServer(context_window=1_000_000).start()
         original = turns.make_provider
-        clock = [0.0]
+        clock = [0.0, 0.0]
 
         def timed(spec: Any, **kwargs: Any) -> Any:
             return _TimedProvider(
@@ -111,15 +113,18 @@ class Command(BaseCommand):
 
     def _overhead(self, user: Any, count: int, clock: list[float]) -> dict[str, Any]:
         conv = services.conversation_create(owner=user, title="bench", model="fake/bench")
-        samples = []
+        samples, cpu = [], []
         # Timed without query logging (as in production: recording every query is not
-        # free); the queries are counted on one more turn, recorded.
+        # free); the queries are counted on one more turn, recorded. CPU time is the
+        # turn's thread's own (not the fake provider's server thread, not the database
+        # server), less what it spent inside the provider's stream.
         for i in range(count):
-            clock[0] = 0.0
-            started = time.perf_counter()
+            clock[0] = clock[1] = 0.0
+            started, cpu_started = time.perf_counter(), time.thread_time()
             turns.turn_run(conversation=conv, parts=[{"type": "text", "text": f"turn {i}"}])
             total = time.perf_counter() - started
             samples.append((total - clock[0]) * 1000)
+            cpu.append((time.thread_time() - cpu_started - clock[1]) * 1000)
             self.stderr.write(f"\rturn {i + 1}/{count}", ending="")
         self.stderr.write("")
         with CaptureQueriesContext(connection) as ctx:
@@ -131,6 +136,7 @@ class Command(BaseCommand):
             "turns": count,
             "median_ms": round(statistics.median(samples), 3),
             "p90_ms": round(sorted(samples)[int(0.9 * (len(samples) - 1))], 3),
+            "median_cpu_ms": round(statistics.median(cpu), 3),
             "queries_per_turn": len(last),
             "transcript_writes": len(transcript),
         }
