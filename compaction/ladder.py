@@ -773,11 +773,14 @@ class _ImageFitter:
                 parts, changed = _map_images(message["parts"], partial(change, message["id"]))
                 if changed:
                     messages[i] = {**message, "parts": parts}
-        return self.drop_oldest(messages)
+        # Unchanged (the common case: a request without images), the view itself is
+        # checked, so its limits are computed once for this rung and every later one.
+        current = self.view.with_messages(messages) if self.replaced else self.view
+        return self.drop_oldest(current)
 
-    def drop_oldest(self, messages: list[Message]) -> ContextView:
+    def drop_oldest(self, current: ContextView) -> ContextView:
         """Too many images, or too many bytes: the oldest ordinary images go first."""
-        current = self.view.with_messages(messages)
+        messages = list(current.messages)
         while any(v.limit in ("images", "request_bytes") for v in current.violations):
             index = next((i for i, m in enumerate(messages) if _has_image(m["parts"])), None)
             if index is None:
