@@ -66,16 +66,20 @@ bench: setup
 	$(TEST_ENV) $(BIN)/python manage.py bench_turns
 	$(TEST_ENV) $(BIN)/python manage.py bench_compaction
 	$(TEST_ENV) $(BIN)/python manage.py bench_import
+	$(TEST_ENV) $(BIN)/python manage.py bench_storage
 	$(TEST_ENV) $(BIN)/python manage.py bench_gateway
 	$(TEST_ENV) $(BIN)/python manage.py bench_load
 	$(TEST_ENV) $(BIN)/python manage.py bench_page
-	@# The same load on PostgreSQL, when one is reachable (CI's machine has one).
+	@# The tree, turns, storage and load on PostgreSQL, when one is reachable (CI's
+	@# machine has one).
 	@if pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then \
 	  psql -h 127.0.0.1 -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname='arbor_bench'" | grep -q 1 \
 	    || createdb -h 127.0.0.1 -U postgres arbor_bench; \
-	  DATABASE_URL=postgres://postgres@127.0.0.1:5432/arbor_bench $(TEST_ENV) $(BIN)/python manage.py migrate --noinput -v0 && \
-	  DATABASE_URL=postgres://postgres@127.0.0.1:5432/arbor_bench $(TEST_ENV) $(BIN)/python manage.py bench_load; \
-	else echo '{"bench_load": "skipped: no PostgreSQL on 127.0.0.1:5432"}'; fi
+	  export DATABASE_URL=postgres://postgres@127.0.0.1:5432/arbor_bench $(TEST_ENV) && \
+	  $(BIN)/python manage.py migrate --noinput -v0 && \
+	  for bench in bench_tree bench_turns bench_storage bench_load; do \
+	    $(BIN)/python manage.py $$bench || exit 1; done; \
+	else echo '{"postgresql": "skipped: no PostgreSQL on 127.0.0.1:5432"}'; fi
 
 clean:
 	rm -rf $(VENV) var/*.sqlite3

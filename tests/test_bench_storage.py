@@ -1,0 +1,78 @@
+"""bench_storage measures the real samples in a scratch database of the configured kind
+and leaves nothing behind; on PostgreSQL the search index's pending list is bounded."""
+
+from __future__ import annotations
+
+import io
+import json
+import unittest
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.test import TransactionTestCase
+
+from conversations.management.commands.bench_storage import SCRATCH_PREFIX, text_bytes
+from conversations.models import Message
+
+
+class TextBytesTests(unittest.TestCase):
+    def test_it_counts_what_a_message_says_in_utf8_and_never_image_data(self) -> None:
+        parts: list[dict[str, Any]] = [
+            {"type": "text", "text": "héllo"},  # 6 bytes
+            {"type": "thinking", "text": "hm"},  # 2
+            {"type": "tool_call", "id": "c1", "name": "ls", "arguments": {"p": "/"}},  # 2 + 10
+            {
+                "type": "tool_result",
+                "call_id": "c1",
+                "parts": [{"type": "text", "text": "a b"}, {"type": "image", "blob": "x" * 64}],
+            },  # 3
+            {"type": "image", "blob": "y" * 64},
+        ]
+        assert text_bytes(parts) == 6 + 2 + 2 + len('{"p": "/"}') + 3
+
+
+class BenchStorageTests(TransactionTestCase):
+    def test_it_prints_the_ratio_of_bytes_to_text_and_leaves_nothing_behind(self) -> None:
+        out = io.StringIO()
+        call_command("bench_storage", stdout=out, stderr=io.StringIO())
+        figures = json.loads(out.getvalue())
+        storage = figures["storage"]
+        assert storage["database"] == connection.vendor
+        assert storage["messages"] > 1000  # the pi and Claude Code sessions
+        assert storage["text_bytes"] > 1_000_000
+        relations = storage["relations"]
+        assert Message._meta.db_table in relations
+        assert len(relations) >= 4  # the table and its indexes
+        assert storage["total_bytes"] == sum(relations.values())
+        assert storage["bytes_per_text_byte"] == round(
+            storage["total_bytes"] / storage["text_bytes"], 2
+        )
+        target = figures["targets"]["storage_at_most_3x_text"]
+        assert target["met"] == (target["value"] <= 3.0)
+        # Imported into the scratch database, not this one.
+        assert not Message.objects.exists()
+        if connection.vendor == "postgresql":
+            assert storage["search_index_rebuilt_bytes"] > 0
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) FROM pg_database WHERE datname LIKE %s",
+                    [SCRATCH_PREFIX + "%"],
+                )
+                assert cursor.fetchone()[0] == 0
+
+    def test_the_measuring_half_refuses_a_database_it_did_not_make(self) -> None:
+        with pytest.raises(Exception, match="only in the scratch database"):
+            call_command("bench_storage", "--in-scratch", stdout=io.StringIO())
+        assert not Message.objects.exists()
+
+
+@pytest.mark.postgres
+@unittest.skipUnless(connection.vendor == "postgresql", "needs PostgreSQL")
+class SearchIndexPendingListTests(TransactionTestCase):
+    def test_the_trigram_index_keeps_a_1_mb_pending_list(self) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT reloptions FROM pg_class WHERE relname = 'msg_search_text_trgm'")
+            (options,) = cursor.fetchone()
+        assert "gin_pending_list_limit=1024" in (options or [])
