@@ -3,6 +3,8 @@ plain CER beside the lenient one."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from compaction import bench_render, bench_tokens
 from compaction.render import Segment, plain_cer
 from compaction.render.atlas import INVERT
@@ -52,3 +54,21 @@ def test_plain_cer_without_matching_lines_compares_the_page_whole() -> None:
     figures = plain_cer(["one line", "two line"], "one line two line")
     assert set(figures) == {"plain"}
     assert 0 < figures["plain"] < 0.2
+
+
+def test_the_bench_times_a_naive_pillow_draw_and_states_the_speed_goals() -> None:
+    segments = [Segment("user", "a", "A line of ordinary text, long enough to wrap. " * 200)]
+    assert bench_render._naive_speed(segments, "claude", "default", repeat=1) > 0
+    entry: dict[str, Any] = {
+        language: {"saving": {"o200k_base": 5.0}, "ocr_cer": {}}
+        for language in ("english", "prose", "korean")
+    }
+    entry["chars_per_second"] = {"english": 1_500_000, "prose": 900_000, "korean": 300_000}
+    entry["over_naive"] = {"english": 16.0, "prose": 9.0}
+    speed = {g["figure"]: g["met"] for g in bench_render._goals(entry) if "speed" in g["figure"]}
+    assert speed == {
+        "english render speed (chars/s, one core)": True,
+        "english render speed over a naive per-line Pillow draw": True,
+        "prose render speed (chars/s, one core)": False,
+        "prose render speed over a naive per-line Pillow draw": False,
+    }

@@ -35,6 +35,7 @@ from compaction.render import (
     tesseract_available,
 )
 from compaction.render.atlas import INVERT, font_stack
+from compaction.render.engine import WRAP_CELLS
 from compaction.render.ocr import ocr_image
 from compaction.render.profiles import FONT_DIR
 from compaction.render.redrawn import REDRAWN
@@ -502,3 +503,59 @@ def test_it_bills_english_three_times_and_korean_five_times_fewer_tokens() -> No
     pages = render_pages(korean).pages
     korean_text_tokens = sum(len(s.text) for s in korean)  # ~1 token per Hangul character
     assert korean_text_tokens / sum(p.billed_tokens for p in pages) >= 5.0
+
+
+# Characters outside the Latin cells but one cell wide (their own glyph box), and wide ones.
+_ONE_CELL_CANDIDATES = "é→—│ü…·°±×"
+
+
+def _one_cell_specials(renderer: Renderer) -> str:
+    cw = renderer.stack.cell_width
+    return "".join(
+        c for c in _ONE_CELL_CANDIDATES if renderer._narrow.match(c) and renderer._width(c)[0] == cw
+    )
+
+
+@pytest.mark.parametrize("density", ["default", "dense"])
+def test_one_cell_characters_wrap_exactly_as_the_character_walk_does(density: str) -> None:
+    """The shortcut for text whose every character is one cell wide (accents, arrows, box
+    drawing) must end every row where the character-by-character walk ends it, with the
+    same row box: pages are re-rendered from the archived text, and must not move. (No
+    one-cell symbol of today's fonts is taller than a Latin row, so the boxes agree
+    trivially; the check stays for the day one is.)"""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    renderer = Renderer("claude", density)
+    specials = _one_cell_specials(renderer)
+    assert len(specials) >= 3, "the font stack lost its one-cell symbols"
+    cw = renderer.stack.cell_width
+    columns = renderer.profile.width // cw
+    # Words of every length around the wrap distance, one breaker between them.
+    words = st.text(st.sampled_from(list("abcKLM0123-_/." + specials)), min_size=1, max_size=40)
+    texts = st.lists(st.tuples(words, st.sampled_from([" ", "\n", "\t"])), min_size=15).map(
+        lambda pairs: "".join(word + gap for word, gap in pairs)
+    )
+
+    # Every row position against one break at every distance from the row's end.
+    symbol = specials[0]
+    for before in range(0, 2 * WRAP_CELLS + 2):
+        text = symbol * (columns - WRAP_CELLS - before) + " " + "a" * (3 * WRAP_CELLS)
+        for used in range(columns + 1):
+            for pos in (0, 1):
+                x = used * cw
+                assert renderer._fit_cells(text, pos, x) == renderer._fit_slow(text, pos, x)
+
+    @settings(max_examples=500, deadline=None)
+    @given(
+        text=texts,
+        start=st.integers(0, 3 * columns),
+        # Often near the row's end, where the walk decides between wrapping and cutting.
+        used=st.integers(0, columns + 2) | st.integers(columns - 2 * WRAP_CELLS, columns),
+    )
+    def check(text: str, start: int, used: int) -> None:
+        pos = min(start, len(text) - 1)
+        x = used * cw
+        assert renderer._fit_cells(text, pos, x) == renderer._fit_slow(text, pos, x)
+
+    check()
