@@ -16,12 +16,14 @@ The samples are read with Arbor's own importers (compaction.bench_samples): they
 from __future__ import annotations
 
 import hashlib
+import io
 import itertools
 import json
 import re
 import statistics
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from compaction.estimate import usage_pairs
@@ -171,6 +173,44 @@ EXACT_GOAL_PCT = 98.0
 CER_GOAL_PCT = 2.0
 
 
+# The instrument's own ceiling: the same tokens, a line each, in a large clean TrueType
+# monospace (Debian's fonts-dejavu-core), read by the same tesseract. Below the goal
+# there, no glyph design on a snapshot page can reach it as tesseract measures it.
+CONTROL_FONT = Path("/usr/share/fonts/truetype/dejavu/DejaVuSansMono.ttf")
+CONTROL_PX = 28
+CONTROL_TOKENS = 120
+
+
+def _control(tokens: dict[str, set[str]]) -> dict[str, Any] | None:
+    """Tesseract's exact reading of each kind's tokens drawn at CONTROL_PX in
+    CONTROL_FONT (at most CONTROL_TOKENS of each); None without the font."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    from compaction.render.ocr import ocr_image
+
+    if not CONTROL_FONT.is_file():
+        return None
+    font = ImageFont.truetype(str(CONTROL_FONT), CONTROL_PX)
+    line = CONTROL_PX + 10
+    out: dict[str, Any] = {"font": CONTROL_FONT.name, "px": CONTROL_PX}
+    for kind, found in tokens.items():
+        chosen = sorted(found)[:CONTROL_TOKENS]
+        if not chosen:
+            continue
+        width = int(max(font.getlength(t) for t in chosen)) + 40
+        image = Image.new("L", (width, line * len(chosen) + 40), 255)
+        pen = ImageDraw.Draw(image)
+        for i, token in enumerate(chosen):
+            pen.text((20, 20 + i * line), token, fill=0, font=font)
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        reading = ocr_image(buffer.getvalue(), scale=1) or ""
+        read = set(reading.split())
+        hit = sum(token in read for token in chosen)
+        out[kind] = {"tokens": len(chosen), "exact_pct": round(100 * hit / len(chosen), 1)}
+    return out
+
+
 def _ocr_one(page: Any) -> str:
     from compaction.render.ocr import ocr_image
 
@@ -192,6 +232,7 @@ def legibility(pages: list[Any]) -> dict[str, Any] | None:
     with ThreadPoolExecutor(2) as pool:  # tesseract runs as a subprocess
         readings = list(pool.map(_ocr_one, pages))
     found = {kind: [0, 0] for kind in TOKEN_KINDS}
+    seen: dict[str, set[str]] = {kind: set() for kind in TOKEN_KINDS}
     errors = []
     for page, reading in zip(pages, readings, strict=True):
         reference = reference_text(page)
@@ -199,6 +240,7 @@ def legibility(pages: list[Any]) -> dict[str, Any] | None:
         drawn, read = reference.replace("\n", ""), re.sub(r"\s+", "", reading)
         for kind, pattern in TOKEN_KINDS.items():
             for token in set(pattern.findall(drawn)):
+                seen[kind].add(token)
                 found[kind][1] += 1
                 found[kind][0] += token in read
     exact = {
@@ -214,6 +256,7 @@ def legibility(pages: list[Any]) -> dict[str, Any] | None:
         "pages": len(pages),
         "exact": exact,
         "exact_goal_pct": EXACT_GOAL_PCT,
+        "tesseract_control": _control(seen),
         "cer_mean_pct": round(mean, 2),
         "cer_max_pct": round(100 * max(errors), 2),
         "cer_goal_pct": CER_GOAL_PCT,

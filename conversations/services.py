@@ -189,11 +189,14 @@ def turn_append(
     messages: list[Any] | list[DraftMessage],
     origin: str = Origin.TURN,
     ends_in_rewind: bool = False,
+    also: Callable[[uuid.UUID], object] | None = None,
 ) -> TurnResult:
     """Append one whole turn below ``parent_id`` and move the tip to its last message, in
     one transaction. A turn whose tool calls and results do not pair up is rejected with
     nothing written. ``expected_version=None`` appends whatever the version is now (the
-    chat engine, whose turn belongs below its parent even if the tip moved meanwhile)."""
+    chat engine, whose turn belongs below its parent even if the tip moved meanwhile).
+    ``also`` is called with the new tip inside that transaction, to commit something
+    with the turn (the engine: its attempt's end) without a second, nested one."""
     if messages and all(isinstance(m, DraftMessage) for m in messages):
         drafts = [m for m in messages if isinstance(m, DraftMessage)]
     else:
@@ -204,10 +207,7 @@ def turn_append(
         )
     check_turn_pairing(drafts, ends_in_rewind=ends_in_rewind)
 
-    # Inside a caller's transaction (the engine commits the attempt's end with the turn)
-    # it joins it without a savepoint: a failure here fails that whole transaction, as
-    # every caller wants, and two round trips a turn are saved.
-    with transaction.atomic(savepoint=False):
+    with transaction.atomic():
         conv = _lock_conversation(conversation, expected_version)
         depth = 0
         previous: uuid.UUID | None = None
@@ -251,6 +251,8 @@ def turn_append(
         )
         if updated != 1:  # pragma: no cover - the row lock above makes this unreachable
             raise StaleVersion(tip=str(conv.tip_id), version=conv.version)
+        if also is not None:
+            also(tip)
     return TurnResult(tip=tip, version=conv.version + 1, message_ids=[r.id for r in rows])
 
 

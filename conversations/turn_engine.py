@@ -198,18 +198,17 @@ class TurnRun:
         # The turn and its attempt's "completed" commit together: a process killed
         # between the two would leave a whole turn whose attempt looks interrupted, and
         # retry would run it again.
-        with transaction.atomic():
-            result = services.turn_append(
-                conversation=self.conversation,
-                parent_id=self.parent_id,
-                expected_version=None,
-                messages=_drafts(self.turn),
-                # After a rewind the turn continues below the digest: an ordinary turn.
-                origin=Origin.TURN if self.persisted else self.origin,
-            )
-            services.turn_attempt_finish(
-                attempt=self.attempt, status=AttemptStatus.COMPLETED, code=code, tip=result.tip
-            )
+        result = services.turn_append(
+            conversation=self.conversation,
+            parent_id=self.parent_id,
+            expected_version=None,
+            messages=_drafts(self.turn),
+            # After a rewind the turn continues below the digest: an ordinary turn.
+            origin=Origin.TURN if self.persisted else self.origin,
+            also=lambda tip: services.turn_attempt_finish(
+                attempt=self.attempt, status=AttemptStatus.COMPLETED, code=code, tip=tip
+            ),
+        )
         self.finished = True
         return result
 

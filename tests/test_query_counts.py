@@ -36,10 +36,9 @@ DEEP = 5_000
 FORK_PATH_QUERIES = 8
 # scope=subtree: the same plus the one recursive read of the subtree.
 FORK_SUBTREE_QUERIES = 9
-# turn_append: lock the conversation row, check the parent, one INSERT of the whole turn,
-# the guarded tip UPDATE (it joins the caller's transaction, here the test's, without a
-# savepoint).
-TURN_QUERIES = 4
+# turn_append: SAVEPOINT, lock the conversation row, check the parent, one INSERT of the
+# whole turn, the guarded tip UPDATE, RELEASE.
+TURN_QUERIES = 6
 
 
 def build_chain(owner: User, length: int, *, title: str = "chain") -> Conversation:
