@@ -204,8 +204,8 @@ def _control(tokens: dict[str, set[str]]) -> dict[str, Any] | None:
             pen.text((20, 20 + i * line), token, fill=0, font=font)
         buffer = io.BytesIO()
         image.save(buffer, format="PNG")
-        reading = ocr_image(buffer.getvalue(), scale=1) or ""
-        read = set(reading.split())
+        # Read as the pages are: whitespace dropped, each token looked for in the rest.
+        read = re.sub(r"\s+", "", ocr_image(buffer.getvalue(), scale=1) or "")
         hit = sum(token in read for token in chosen)
         out[kind] = {"tokens": len(chosen), "exact_pct": round(100 * hit / len(chosen), 1)}
     return out

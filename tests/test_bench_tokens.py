@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from compaction import bench_render, bench_tokens
 from compaction.render import Segment, plain_cer
 from compaction.render.atlas import INVERT
@@ -72,3 +74,17 @@ def test_the_bench_times_a_naive_pillow_draw_and_states_the_speed_goals() -> Non
         "prose render speed (chars/s, one core)": False,
         "prose render speed over a naive per-line Pillow draw": False,
     }
+
+
+def test_the_tesseract_control_reads_plain_numbers_in_a_large_clean_font() -> None:
+    from compaction import bench_ladder
+    from compaction.render import tesseract_available
+
+    if not tesseract_available("eng"):
+        pytest.skip("tesseract is not installed (.ci/run installs it)")
+    assert bench_ladder.CONTROL_FONT.is_file(), ".ci/run installs fonts-dejavu-core"
+    numbers = {str(1000 + 37 * i) for i in range(30)}
+    control = bench_ladder._control({"numbers": numbers, "hex": set()})
+    assert control is not None
+    assert control["numbers"] == {"tokens": 30, "exact_pct": 100.0}
+    assert "hex" not in control  # nothing of a kind: nothing to read
