@@ -26,7 +26,7 @@ from django.contrib.auth.models import User
 from django.core.files.base import ContentFile
 from django.core.files.storage import FileSystemStorage, default_storage
 from django.db import IntegrityError, connection, models, transaction
-from django.db.models import Exists, F
+from django.db.models import Exists, F, OuterRef, Subquery
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from PIL import Image, UnidentifiedImageError
@@ -166,14 +166,21 @@ def _resolve_images(drafts: list[DraftMessage], *, owner_id: Any) -> None:
         fill(draft.parts)
 
 
-def _lock_conversation(conversation: Conversation, expected_version: int | None) -> Conversation:
-    """Lock the conversation row for the rest of the transaction and check the version."""
-    try:
-        conv = (
-            Conversation.objects.select_for_update()
-            .only("id", "owner_id", "tip_id", "version")
-            .get(pk=conversation.pk)
+def _lock_conversation(
+    conversation: Conversation, expected_version: int | None, *, parent: uuid.UUID | None = None
+) -> Conversation:
+    """Lock the conversation row for the rest of the transaction and check the version.
+    With ``parent``, the same query reads that message's depth (``conv.parent_depth``:
+    None when it is not a message of this conversation)."""
+    rows = Conversation.objects.select_for_update().only("id", "owner_id", "tip_id", "version")
+    if parent is not None:
+        rows = rows.annotate(
+            parent_depth=Subquery(
+                Message.objects.filter(pk=parent, conversation_id=OuterRef("pk")).values("depth")
+            )
         )
+    try:
+        conv = rows.get(pk=conversation.pk)
     except Conversation.DoesNotExist:  # deleted while this writer waited for the lock
         raise NotFound(f"no such conversation: {conversation.pk}") from None
     if expected_version is not None and conv.version != expected_version:
@@ -207,23 +214,27 @@ def turn_append(
         )
     check_turn_pairing(drafts, ends_in_rewind=ends_in_rewind)
 
+    pid: uuid.UUID | None = None
+    if parent_id is not None:
+        try:
+            pid = uuid.UUID(str(parent_id))
+        except ValueError:
+            raise InvalidInput(
+                f"parent {parent_id!r} is not a message id", code="bad_parent"
+            ) from None
+
     with transaction.atomic():
-        conv = _lock_conversation(conversation, expected_version)
+        # The lock and the parent's depth in one query: a message is never moved to
+        # another conversation, so reading it before the lock is granted is as good.
+        conv = _lock_conversation(conversation, expected_version, parent=pid)
         depth = 0
         previous: uuid.UUID | None = None
-        if parent_id is not None:
-            try:
-                pid = uuid.UUID(str(parent_id))
-            except ValueError:
-                raise InvalidInput(
-                    f"parent {parent_id!r} is not a message id", code="bad_parent"
-                ) from None
-            parent = Message.objects.filter(pk=pid, conversation_id=conv.pk).only("depth").first()
-            if parent is None:
+        if pid is not None:
+            if conv.parent_depth is None:  # type: ignore[attr-defined]
                 raise InvalidInput(
                     f"parent {pid} is not a message of this conversation", code="bad_parent"
                 )
-            depth = parent.depth + 1
+            depth = conv.parent_depth + 1  # type: ignore[attr-defined]
             previous = pid
         _resolve_images(drafts, owner_id=conv.owner_id)
 

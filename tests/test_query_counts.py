@@ -36,9 +36,9 @@ DEEP = 5_000
 FORK_PATH_QUERIES = 8
 # scope=subtree: the same plus the one recursive read of the subtree.
 FORK_SUBTREE_QUERIES = 9
-# turn_append: SAVEPOINT, lock the conversation row, check the parent, one INSERT of the
-# whole turn, the guarded tip UPDATE, RELEASE.
-TURN_QUERIES = 6
+# turn_append: SAVEPOINT, the conversation row locked and the parent's depth read (one
+# query), one INSERT of the whole turn, the guarded tip UPDATE, RELEASE.
+TURN_QUERIES = 5
 
 
 def build_chain(owner: User, length: int, *, title: str = "chain") -> Conversation:

@@ -173,9 +173,9 @@ class TurnQueryCountTests(ChatTestCase):
     # Inside a TestCase: the conversation read, the attempt INSERT (in a savepoint pair:
     # inside a caller's transaction), the path, the calibration read, its guarded
     # UPDATE; then the transcript transaction (a savepoint pair here, BEGIN and COMMIT
-    # outside tests): the conversation locked, the parent checked, one INSERT, the tip
-    # UPDATE, the attempt's end. 12 outside tests (bench_turns).
-    QUERIES = 14
+    # outside tests): the conversation locked with the parent's depth read, one INSERT,
+    # the tip UPDATE, the attempt's end. 11 outside tests (bench_turns).
+    QUERIES = 13
 
     def _turn_queries(self, conv: Conversation) -> int:
         turns.turn_run(conversation=conv, parts=text("warm up"), model="openai/test")
