@@ -6,9 +6,11 @@ from __future__ import annotations
 import io
 import json
 import unittest
+from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
 from django.test import TransactionTestCase
@@ -35,8 +37,12 @@ class TextBytesTests(unittest.TestCase):
 
 class BenchStorageTests(TransactionTestCase):
     def test_it_prints_the_ratio_of_bytes_to_text_and_leaves_nothing_behind(self) -> None:
+        media = Path(settings.MEDIA_ROOT)
+        files_before = sorted(media.rglob("*")) if media.exists() else []
         out = io.StringIO()
         call_command("bench_storage", stdout=out, stderr=io.StringIO())
+        # The pi sample's images went to the child's scratch media folder, not here.
+        assert (sorted(media.rglob("*")) if media.exists() else []) == files_before
         figures = json.loads(out.getvalue())
         storage = figures["storage"]
         assert storage["database"] == connection.vendor

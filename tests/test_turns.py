@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.db import connection
@@ -199,6 +200,36 @@ class TurnQueryCountTests(ChatTestCase):
             ],
         )
         assert self._turn_queries(short) == self._turn_queries(long) == self.QUERIES
+
+
+class TurnCommitTests(ChatTestCase):
+    def test_the_turn_and_its_attempts_completion_commit_together(self) -> None:
+        """If recording the attempt as completed fails, the turn is not written either:
+        a turn whose attempt looks interrupted would be run again by retry."""
+        conv = services.conversation_create(owner=self.user, title="atomic")
+        turns.turn_run(conversation=conv, parts=text("first"), model="openai/test")
+        conv.refresh_from_db()
+        tip, count = conv.tip_id, Message.objects.filter(conversation=conv).count()
+        real = services.turn_attempt_finish
+
+        def finish(**kwargs: Any) -> None:
+            if kwargs.get("status") == "completed":
+                raise RuntimeError("the attempt's row could not be written")
+            real(**kwargs)
+
+        with (
+            mock.patch.object(services, "turn_attempt_finish", finish),
+            pytest.raises(Exception),  # noqa: B017 - whatever the engine makes of it
+        ):
+            turns.turn_run(conversation=conv, parts=text("second"), model="openai/test")
+        conv.refresh_from_db()
+        assert conv.tip_id == tip
+        assert Message.objects.filter(conversation=conv).count() == count
+        assert (
+            not TurnAttempt.objects.filter(conversation=conv, status="completed")
+            .exclude(result_tip_id=tip)
+            .exists()
+        )
 
 
 class RetryTests(ChatTestCase):

@@ -40,6 +40,8 @@ from conversations.models import Message
 GOAL = 3.0
 SCRATCH_PREFIX = "arbor_storage_bench_"
 SEARCH_INDEX = "msg_search_text_trgm"
+# Set by the parent for its child: the URL of the scratch database it made.
+SCRATCH_ENV = "ARBOR_STORAGE_BENCH_SCRATCH"
 
 
 def text_bytes(parts: list[dict[str, Any]]) -> int:
@@ -97,9 +99,10 @@ class Command(BaseCommand):
     def _in_scratch_database(self) -> dict[str, Any]:
         vendor = connection.vendor
         with tempfile.TemporaryDirectory() as tmp:
+            media = Path(tmp) / "media"
             if vendor == "sqlite":
                 url = f"sqlite:///{Path(tmp) / 'storage.sqlite3'}"
-                return self._child(url)
+                return self._child(url, media)
             if vendor != "postgresql":  # pragma: no cover - other backends are not supported
                 raise CommandError(f"no storage bench for {vendor}")
             name = f"{SCRATCH_PREFIX}{uuid.uuid4().hex[:12]}"
@@ -107,13 +110,18 @@ class Command(BaseCommand):
                 cursor.execute(f'CREATE DATABASE "{name}"')
             try:
                 scratch = {**connection.settings_dict, "NAME": name}
-                return self._child(database_url_of(scratch, vendor))
+                return self._child(database_url_of(scratch, vendor), media)
             finally:
                 with connection.cursor() as cursor:
                     cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
-    def _child(self, url: str) -> dict[str, Any]:
-        env = dict(os.environ, DATABASE_URL=url)
+    def _child(self, url: str, media: Path) -> dict[str, Any]:
+        # The child knows its scratch database by name, and writes the samples' images
+        # under a scratch media folder: nothing of it outlives the bench.
+        env = dict(os.environ, DATABASE_URL=url, MEDIA_ROOT=str(media), **{SCRATCH_ENV: url})
+        password = connection.settings_dict.get("PASSWORD")
+        if password:  # not part of the URL (arbor.env.database_url_of)
+            env["PGPASSWORD"] = str(password)
         manage = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py")]
         self.stderr.write("migrating a scratch database…")
         subprocess.run([*manage, "migrate", "--noinput", "-v0"], env=env, check=True)
@@ -135,9 +143,9 @@ class Command(BaseCommand):
     def _measure(self) -> dict[str, Any]:
         from conversations.importers.services import transcript_import
 
-        name = str(connection.settings_dict["NAME"])
-        scratch = Path(name).name == "storage.sqlite3" or name.startswith(SCRATCH_PREFIX)
-        if not scratch:  # REINDEX and a bench user have no business in a real database
+        made = os.environ.get(SCRATCH_ENV)
+        here = database_url_of(connection.settings_dict, connection.vendor)
+        if made != here:  # REINDEX and a bench user have no business in a real database
             raise CommandError("--in-scratch runs only in the scratch database it makes")
         user = get_user_model().objects.create_user(username="storage-bench")
         files = sample_files()
