@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import tempfile
 import unittest
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
-from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
 from django.test import TransactionTestCase
@@ -37,12 +39,13 @@ class TextBytesTests(unittest.TestCase):
 
 class BenchStorageTests(TransactionTestCase):
     def test_it_prints_the_ratio_of_bytes_to_text_and_leaves_nothing_behind(self) -> None:
-        media = Path(settings.MEDIA_ROOT)
-        files_before = sorted(media.rglob("*")) if media.exists() else []
         out = io.StringIO()
-        call_command("bench_storage", stdout=out, stderr=io.StringIO())
-        # The pi sample's images went to the child's scratch media folder, not here.
-        assert (sorted(media.rglob("*")) if media.exists() else []) == files_before
+        with tempfile.TemporaryDirectory() as inherited:
+            # The child inherits this environment: the pi sample's images must go to its
+            # own scratch media folder, not to the MEDIA_ROOT it inherits.
+            with mock.patch.dict(os.environ, {"MEDIA_ROOT": inherited}):
+                call_command("bench_storage", stdout=out, stderr=io.StringIO())
+            assert list(Path(inherited).iterdir()) == []
         figures = json.loads(out.getvalue())
         storage = figures["storage"]
         assert storage["database"] == connection.vendor
