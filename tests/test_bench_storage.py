@@ -17,6 +17,7 @@ from django.core.management import call_command
 from django.db import connection
 from django.test import TransactionTestCase
 
+from conversations.management.commands import bench_storage
 from conversations.management.commands.bench_storage import SCRATCH_PREFIX, text_bytes
 from conversations.models import Message
 
@@ -85,3 +86,16 @@ class SearchIndexPendingListTests(TransactionTestCase):
             cursor.execute("SELECT reloptions FROM pg_class WHERE relname = 'msg_search_text_trgm'")
             (options,) = cursor.fetchone()
         assert "gin_pending_list_limit=1024" in (options or [])
+
+
+class MissingSamplesTests(unittest.TestCase):
+    def test_without_the_samples_it_says_so_and_measures_nothing(self) -> None:
+        with tempfile.TemporaryDirectory() as empty:
+            nowhere = Path(empty) / "samples"
+            with (
+                mock.patch.object(bench_storage, "PI_SAMPLE", nowhere / "pi.jsonl"),
+                mock.patch.object(bench_storage, "CLAUDE_CODE_DIR", nowhere / "claude-code"),
+            ):
+                out = io.StringIO()
+                call_command("bench_storage", stdout=out, stderr=io.StringIO())
+        assert json.loads(out.getvalue())["storage"].startswith("skipped: no samples at ")
