@@ -187,11 +187,12 @@ class Renderer:
             self._widths[char] = info
         return info
 
-    def _display(self, text: str) -> tuple[str, list[int] | None, int]:
-        """Display string, its source offset per display char (None if 1:1), substitutions."""
+    def _display(self, text: str) -> tuple[str, list[int] | None, int, set[str]]:
+        """Display string, its source offset per display char (None if 1:1),
+        substitutions, and its characters outside the Latin cells."""
         specials = set(self._narrow.findall(text))
         if all(self._unit(char)[0] == char for char in specials):
-            return text, None, 0  # every character is drawn as itself (the common case)
+            return text, None, 0, specials  # every character drawn as itself (the common case)
         pieces: list[str] = []
         offsets: list[int] = []
         substituted = 0
@@ -201,7 +202,8 @@ class Renderer:
             offsets.extend([index] * len(shown))
             substituted += sub
         display = "".join(pieces)
-        return display, (offsets if len(display) != len(text) else None), substituted
+        offsets_or_none = offsets if len(display) != len(text) else None
+        return display, offsets_or_none, substituted, set(self._narrow.findall(display))
 
     # -- layout -----------------------------------------------------------------------
 
@@ -233,13 +235,12 @@ class Renderer:
             headers.append(index)
             x += len(label) * cw
 
-            display, offsets, substituted = self._display(text)
+            display, offsets, substituted, specials = self._display(text)
             counts[1] += substituted
             pos, n = 0, len(display)
             # Characters outside the Latin cells: any of another width needs the walk
             # character by character; of the cell's width (accents, arrows, box
             # drawing), only their boxes (a taller row) differ from Latin text.
-            specials = set(self._narrow.findall(display))
             slow = any(self._width(char)[0] != cw for char in specials)
             while pos < n:
                 if slow:
