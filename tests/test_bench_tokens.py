@@ -50,6 +50,19 @@ def test_plain_cer_counts_every_character_and_separates_body_rows() -> None:
     header = "user abc123"
     assert figures["plain_body"] == (1 + 1) / sum(map(len, body))
     assert figures["plain"] == (1 + 1 + 1) / (sum(map(len, body)) + len(header))
+    # The ↵ is the one body character tesseract's English model cannot output.
+    assert figures["plain_body_floor"] == 1 / sum(map(len, body))
+
+
+def test_the_floor_counts_what_the_reader_cannot_output() -> None:
+    drawn = ["run `make test`\t→ done", "한국어\n"]
+    reading = "run 'make test' -» done\n한국머\n"
+    english = plain_cer(drawn, reading)
+    # Two backticks, the ▸ and the arrow on the first row; the ↵ and 한국어 on the second.
+    assert english["plain_body_floor"] == (4 + 4) / (len("run `make test`▸→ done") + 4)
+    # For Korean only the marks count (a lower bound: no alphabet is listed for its model).
+    korean = plain_cer(drawn, reading, lang="kor")
+    assert korean["plain_body_floor"] == 2 / (len("run `make test`▸→ done") + 4)
 
 
 def test_plain_cer_without_matching_lines_compares_the_page_whole() -> None:

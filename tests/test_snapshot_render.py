@@ -34,11 +34,11 @@ from compaction.render import (
     render_pages,
     tesseract_available,
 )
-from compaction.render.atlas import INVERT, font_stack
+from compaction.render.atlas import INVERT, font_stack, legacy_code, load_font
 from compaction.render.engine import WRAP_CELLS
 from compaction.render.ocr import ocr_image
 from compaction.render.profiles import FONT_DIR
-from compaction.render.redrawn import REDRAWN
+from compaction.render.redrawn import REDRAWN, round_loops
 from conversations.providers.billing import BILLING_RULES, image_tokens
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -259,11 +259,102 @@ def test_it_draws_korean_and_mixed_text_without_missing_glyphs(density: str) -> 
     assert "␛[31mred␛[0m" in drawn and "^[" not in drawn
 
 
-def test_it_draws_every_hangul_syllable() -> None:
+@pytest.mark.parametrize("density", list(DENSITIES))
+def test_it_draws_every_hangul_syllable(density: str) -> None:
     syllables = "".join(chr(cp) for cp in range(0xAC00, 0xD7A4))
-    result = render_pages([Segment("user", "h", syllables)])
+    result = render_pages([Segment("user", "h", syllables)], density=density)
     assert result.missing_glyphs == 0 and result.substituted == 0
     assert sum(page.chars for page in result.pages) == len(syllables)
+
+
+def test_dense_hangul_is_two_cells_wide_and_keeps_the_row_short() -> None:
+    """Gulim 10 px at density "dense": KS X 1001 syllables in two Latin cells, rows no
+    taller than its 10 px; a syllable outside KS X 1001 falls back to a larger font."""
+    assert legacy_code(ord("가"), "euc_kr") == 0x3021
+    assert legacy_code(ord("똠"), "euc_kr") is None  # not in KS X 1001
+    assert legacy_code(ord("A"), "euc_kr") is None
+    stack = font_stack(DENSITIES["dense"])
+    found = stack.find(ord("한"))
+    assert found is not None and found[0].advance == 2 * stack.cell_width
+    rare = stack.find(ord("똠"))
+    assert rare is not None and rare[0].advance > 2 * stack.cell_width
+    (page,) = render_pages([Segment("user", "k", KOREAN[:80] * 3)], density="dense").pages
+    assert max(height for _, height in page.row_boxes) == 10
+    (page,) = render_pages([Segment("user", "k", KOREAN[:80] * 3)], density="default").pages
+    assert max(height for _, height in page.row_boxes) == 12
+
+
+def _jamo(syllable: str) -> tuple[int, int, int]:
+    """(initial, medial, final) indices of a precomposed Hangul syllable."""
+    index = ord(syllable) - 0xAC00
+    return index // 588, index % 588 // 28, index % 28
+
+
+IEUNG, HIEUH = (11, 21), (18, 27)  # (as initial, as final): ㅇ, and ㅎ with its circle
+
+
+@pytest.mark.parametrize(("file", "codec"), [("f12.pcf.gz", None), ("gulim10.pcf.gz", "euc_kr")])
+def test_only_the_circles_of_hangul_are_redrawn(file: str, codec: str | None) -> None:
+    font = load_font(file)
+    changed = []
+    for codepoint in range(0xAC00, 0xD7A4):
+        code = legacy_code(codepoint, codec) if codec else codepoint
+        glyph = font.glyph(code) if code is not None else None
+        if glyph is None:
+            continue
+        rounded = round_loops(glyph)
+        if rounded.rows == glyph.rows:
+            continue
+        changed.append(chr(codepoint))
+        assert len(rounded.rows) == len(glyph.rows) and rounded.advance == glyph.advance
+        initial, _, final = _jamo(chr(codepoint))
+        assert initial in (IEUNG[0], HIEUH[0]) or final in (IEUNG[1], HIEUH[1]), chr(codepoint)
+    # 12 px: every ㅇ beside a vertical vowel is tall enough to round; 10 px: only some.
+    assert len(changed) >= (100 if codec is None else 15)
+    for square in "미메마머":  # ㅁ keeps its shape
+        code = legacy_code(ord(square), codec) if codec else ord(square)
+        glyph = font.glyph(code)  # type: ignore[arg-type]
+        assert glyph is not None and round_loops(glyph) is glyph
+
+
+def test_round_loops_cuts_each_corner_one_pixel_deeper() -> None:
+    glyph = load_font("f12.pcf.gz").glyph(ord("이"))
+    assert glyph is not None
+    picture = [f"{row:012b}"[:8].replace("0", ".").replace("1", "#") for row in glyph.rows[:9]]
+    assert picture == ["..####..", *[".#....#."] * 7, "..####.."]  # a rectangle less 4 pixels
+    rows = [f"{row:012b}"[:8] for row in round_loops(glyph).rows[:9]]
+    rounded = [row.replace("0", ".").replace("1", "#") for row in rows]
+    assert rounded == [
+        "...##...",
+        "..#..#..",
+        *[".#....#."] * 5,
+        "..#..#..",
+        "...##...",
+    ]
+
+
+# No syllable here starts with ㅁ; before ㅇ was rounded, tesseract read 이 에 아 어 여 as
+# 미 메 마 머 며 (12 of these 20 words wrong).
+IEUNG_WORDS = (
+    "이것은 아이에게 어울리는 이야기이다 오늘 우리는 이웃에게 인사를 했다 영어와 한국어 "
+    "여행 은행 연필 오이 우유 아버지 이름 얼음 요약"
+)
+
+
+@pytest.mark.parametrize("density", list(DENSITIES))
+def test_korean_circles_read_back_as_circles(density: str) -> None:
+    _require_tesseract("kor")
+    text = "\n".join([IEUNG_WORDS] * 3)
+    (page,) = render_pages([Segment("user", "k", text)], density=density).pages
+    reading = ocr_image(page.png, lang="kor", row_boxes=page.row_boxes) or ""
+    hangul = [char for char in reading if 0xAC00 <= ord(char) <= 0xD7A3]
+    assert len(hangul) > 100, reading
+    # Gulim 10's ㅇ beside ㅔ is four pixels wide and still reads as ㅁ now and then.
+    read_as_mieum = [char for char in hangul if _jamo(char)[0] == 6]
+    assert len(read_as_mieum) <= {"default": 2, "dense": 6}[density], reading
+    words = IEUNG_WORDS.split()
+    exact = sum(reading.split().count(word) for word in words)
+    assert exact >= 0.6 * 3 * len(words), reading
 
 
 @pytest.mark.parametrize("name", SAMPLE_FILES)

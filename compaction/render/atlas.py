@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from compaction.render.pcf import Glyph, PcfFont
 from compaction.render.profiles import FONT_DIR, Density
-from compaction.render.redrawn import REDRAWN, redrawn_glyphs
+from compaction.render.redrawn import REDRAWN, ROUNDED, redrawn_glyphs, round_loops
 
 INVERT = 0xF0000  # display code point of a white-on-black BMP character (plane 15 PUA)
 # A newline is drawn as ↵, a tab as ▸ and ESC as a small hollow diamond (read ␛); the
@@ -75,6 +75,9 @@ class FontStack:
             redrawn_glyphs(face.file, ascent=font.ascent, descent=font.descent)
             for font, face in zip(self.fonts, density.faces, strict=True)
         ]
+        self.faces = density.faces
+        # Code point ranges whose glyphs get their ㅇ loops rounded (redrawn.round_loops).
+        self.rounded = [ROUNDED.get(face.file, ()) for face in density.faces]
         latin = self.fonts[0].glyph(ord("M"))
         assert latin is not None, "the first font must cover ASCII"
         self.cell_width = latin.advance
@@ -82,14 +85,24 @@ class FontStack:
         for face in density.faces:
             digest.update((FONT_DIR / face.file).read_bytes())
             digest.update(repr(sorted(REDRAWN.get(face.file, {}).items())).encode())
+            digest.update(repr(ROUNDED.get(face.file, ())).encode())
         self.digest = digest.hexdigest()[:16]
 
     def find(self, codepoint: int) -> tuple[Glyph, Box] | None:
         if codepoint > 0xFFFF:
             return None
-        for font, box, redrawn in zip(self.fonts, self.boxes, self.redrawn, strict=True):
-            glyph = redrawn.get(codepoint) or font.glyph(codepoint)
+        for face, font, box, redrawn, rounded in zip(
+            self.faces, self.fonts, self.boxes, self.redrawn, self.rounded, strict=True
+        ):
+            if face.only and not any(codepoint in span for span in face.only):
+                continue
+            code = legacy_code(codepoint, face.codec) if face.codec else codepoint
+            if code is None:
+                continue
+            glyph = redrawn.get(codepoint) or font.glyph(code)
             if glyph is not None and glyph.advance > 0:
+                if any(codepoint in span for span in rounded):
+                    glyph = round_loops(glyph)
                 return glyph, box
         return None
 
@@ -98,6 +111,20 @@ class FontStack:
         lines = [line[:width].ljust(width, ".") for line in _MARKS[key]]
         rows = tuple(int(line.replace(".", "0").replace("#", "1"), 2) for line in lines)
         return Glyph(width, 0, len(rows), 0, width, rows)
+
+
+def legacy_code(codepoint: int, codec: str) -> int | None:
+    """The glyph code of ``codepoint`` in a font indexed by a two-byte legacy character
+    set such as KS X 1001 (codec ``euc_kr``: each byte less its high bit, as X11 fonts
+    encoded ``ksc5601.1987-0`` index them); None when the set has no such character.
+    (Python's euc_kr spells syllables outside KS X 1001 as 8-byte jamo sequences.)"""
+    try:
+        encoded = chr(codepoint).encode(codec)
+    except UnicodeEncodeError:
+        return None
+    if len(encoded) != 2:
+        return None
+    return (encoded[0] & 0x7F) << 8 | (encoded[1] & 0x7F)
 
 
 @functools.cache

@@ -33,7 +33,7 @@ from compaction.render.profiles import DENSITIES, PageProfile, page_profile
 from conversations.providers.billing import image_tokens
 
 # Bump when the pixels for the same text and settings change (layout, fonts, marks).
-RENDERER_VERSION = "4"
+RENDERER_VERSION = "5"
 
 # A row wraps at the last space within this many cells of the edge, else mid-word.
 WRAP_CELLS = 16

@@ -202,16 +202,30 @@ def ocr_page(page: RenderedPage, *, lang: str = "eng", scale: int = 3) -> dict[s
     if text is None:
         return None
     figures = {"lenient": cer(reference_text(page), text, lang=lang)}
-    figures.update(plain_cer(page.drawn, text))
+    figures.update(plain_cer(page.drawn, text, lang=lang))
     return figures
 
 
-def plain_cer(drawn: Sequence[str], hypothesis: str) -> dict[str, float]:
+def unreadable(char: str, lang: str = "eng") -> bool:
+    """True when tesseract's ``lang`` model has no output for ``char``, so every one drawn
+    is a plain-CER error whatever its glyph: outside the English model's alphabet (↵ ▸,
+    the backtick, box drawing, arrows); for other languages only the marks, a lower
+    bound (no alphabet of their models is listed here)."""
+    if char.isspace():
+        return False
+    if lang == "eng":
+        return char not in ENG_CHARSET
+    return char in _ALWAYS_WILD
+
+
+def plain_cer(drawn: Sequence[str], hypothesis: str, *, lang: str = "eng") -> dict[str, float]:
     """Plain Levenshtein CER of an OCR reading against the rows drawn, read as a person
     would (``readable``: marks as ↵ ▸, white-on-black as plain): only runs of blanks are
     folded to one, nothing is free. ``plain`` covers every row; ``plain_body`` only the
     rows without a white-on-black label (message headers, escapes), when the reading has
-    one line per drawn row so the two can be matched."""
+    one line per drawn row so the two can be matched, and ``plain_body_floor`` the share
+    of those rows' characters the reader cannot output (``unreadable``): the lowest
+    ``plain_body`` any glyph could reach on these rows."""
     from compaction.render.engine import readable
 
     def folded(line: str) -> str:
@@ -226,15 +240,17 @@ def plain_cer(drawn: Sequence[str], hypothesis: str) -> dict[str, float]:
         reference = "\n".join(text for text, _ in rows)
         errors = _distance(reference, "\n".join(lines), [False] * len(reference))
         return {"plain": errors / max(1, len(reference))}
-    errors = counted = body_errors = body_counted = 0
+    errors = counted = body_errors = body_counted = body_unreadable = 0
     for (text, labelled), line in zip(rows, lines, strict=True):
         distance = _levenshtein(text, line)
         errors, counted = errors + distance, counted + len(text)
         if not labelled:
             body_errors, body_counted = body_errors + distance, body_counted + len(text)
+            body_unreadable += sum(unreadable(char, lang) for char in text)
     return {
         "plain": errors / max(1, counted),
         "plain_body": body_errors / max(1, body_counted),
+        "plain_body_floor": body_unreadable / max(1, body_counted),
     }
 
 
