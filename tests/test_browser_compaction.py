@@ -76,7 +76,9 @@ class ContextPanelTests(BrowserTestCase):
             assert page.locator("#job-list .job.running progress").count() == 1
             release.set()
             # The result replaces it; the gauge and the record list refresh themselves.
-            page.wait_for_selector("#job-list .job.done .job-record a")
+            # (Real OCR of a page: on a loaded machine it takes longer than the default
+            # 15 s wait.)
+            page.wait_for_selector("#job-list .job.done .job-record a", timeout=60_000)
             worker.join()
         assert errors == [], errors
         record = CompactionRecord.objects.get(conversation=self.conv)

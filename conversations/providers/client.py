@@ -603,14 +603,29 @@ class OpenAIProvider(Provider):
     def _kwargs(self, request: Request) -> dict[str, Any]:
         return openai_body(self.spec, request, load_blob=self.load_blob, base_url=self.base_url)
 
+    def _post(self, body: dict[str, Any], *, stream: bool) -> Any:
+        """POST the body as ``openai_body`` built it, through the SDK's client (its
+        retries, auth, errors and SSE parsing). ``chat.completions.create`` would first
+        walk every message against the SDK's TypedDicts (``maybe_transform``): 26 ms of
+        CPU for a 70-message request here, 111 ms for 300, growing with the history, for
+        a body that is plain JSON already. Replies come back as the JSON dicts they are
+        (``cast_to=object``), not as models turned back into dicts."""
+        return self.client.post(
+            "/chat/completions",
+            body=body,
+            cast_to=object,
+            stream=stream,
+            stream_cls=openai.Stream[object],
+        )
+
     def complete(self, request: Request) -> Reply:
         kwargs = self._kwargs(request)
         self._start_call()
         try:
-            response = cast(Any, self.client.chat.completions).create(**kwargs)
+            response = self._post(kwargs, stream=False)
         except _TRANSPORT_ERRORS as exc:
             _raise_normalized(exc, self.kind)
-        return from_openai(response.to_dict())
+        return from_openai(response)
 
     def stream(self, request: Request) -> Iterator[StreamEvent]:
         kwargs = self._kwargs(request)
@@ -619,9 +634,9 @@ class OpenAIProvider(Provider):
         accumulator = OpenAIStreamAccumulator()
         self._start_call(streaming=True)
         try:
-            with cast(Any, self.client.chat.completions).create(**kwargs) as chunks:
+            with self._post(kwargs, stream=True) as chunks:
                 for chunk in chunks:
-                    yield from accumulator.feed(chunk.to_dict())
+                    yield from accumulator.feed(chunk)
         except _TRANSPORT_ERRORS as exc:
             _raise_normalized(exc, self.kind)
         if accumulator.raw_finish is None:  # no finish_reason arrived
