@@ -676,10 +676,10 @@ def test_openai_requests_go_out_as_built_without_the_sdks_param_walk(
     fake.push(Step.reply("Answered."))
     with connect(fake, "openai") as provider:
         request = Request(messages=history, system="Be brief.", tools=[ADD])
-        built = provider._kwargs(request)  # type: ignore[attr-defined]
+        built = provider._kwargs(request)
         if streamed:
             events = list(provider.stream(request))
-            reply = events[-1].reply  # type: ignore[union-attr]
+            reply = events[-1].reply
         else:
             reply = provider.complete(request)
     assert reply.text == "Answered."
