@@ -83,6 +83,8 @@ class FontStack:
         self.cell_width = latin.advance
         digest = hashlib.sha256()
         for face in density.faces:
+            # The face's settings (lead, legacy codec, ranges) move pixels too.
+            digest.update(repr(face).encode())
             digest.update((FONT_DIR / face.file).read_bytes())
             digest.update(repr(sorted(REDRAWN.get(face.file, {}).items())).encode())
             digest.update(repr(ROUNDED.get(face.file, ())).encode())

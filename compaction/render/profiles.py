@@ -114,7 +114,8 @@ class Density:
 # 12-px Hangul, two pixels smaller): a syllable is 10x10, two Latin cells, where the
 # 12-px one is 2.4 cells and makes its row taller. Korean costs 23% fewer image tokens;
 # tesseract misreads more of it (bench_compaction prints both), so "default" keeps 12 px.
-_HANGUL = (range(0xAC00, 0xD7A4), range(0x3131, 0x318F))
+# Hangul syllables and the compatibility jamo (ㅇ U+3147 among them).
+HANGUL = (range(0xAC00, 0xD7A4), range(0x3131, 0x318F))
 _CJK = FontFace("f12.pcf.gz")
 _UNIFONT = FontFace("unifont.pcf.gz")
 DENSITIES: dict[str, Density] = {
@@ -134,7 +135,7 @@ DENSITIES: dict[str, Density] = {
         (
             FontFace("clR5x8.pcf.gz", lead=1),
             FontFace("5x8.pcf.gz", lead=1),
-            FontFace("gulim10.pcf.gz", codec="euc_kr", only=_HANGUL),
+            FontFace("gulim10.pcf.gz", codec="euc_kr", only=HANGUL),
             _CJK,
             _UNIFONT,
         ),

@@ -42,6 +42,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from compaction.render.pcf import Glyph
+from compaction.render.profiles import HANGUL
 
 # clR5x10: ascent 8 (the top row is blank), descent 2; the baseline is under row 7.
 _CLEAN_5X10: dict[str, tuple[str, ...]] = {
@@ -65,10 +66,8 @@ _CLEAN_5X8: dict[str, tuple[str, ...]] = {
     char: rows[1:9] for char, rows in _CLEAN_5X10.items() if char != ","
 } | {",": (".....", ".....", ".....", ".....", ".....", "..##.", "..##.", "..#..")}
 
-# Fonts whose glyphs in these code point ranges get ``round_loops``: Hangul syllables and
-# the compatibility jamo (ㅇ U+3147, ㆁ U+3181 among them).
-_HANGUL = (range(0xAC00, 0xD7A4), range(0x3131, 0x318F))
-ROUNDED: dict[str, tuple[range, ...]] = {"f12.pcf.gz": _HANGUL, "gulim10.pcf.gz": _HANGUL}
+# Fonts whose glyphs in these code point ranges get ``round_loops``.
+ROUNDED: dict[str, tuple[range, ...]] = {"f12.pcf.gz": HANGUL, "gulim10.pcf.gz": HANGUL}
 
 REDRAWN: dict[str, dict[str, tuple[str, ...]]] = {
     "clR5x10.pcf.gz": _CLEAN_5X10,
