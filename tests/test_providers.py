@@ -688,6 +688,50 @@ def test_openai_requests_go_out_as_built_without_the_sdks_param_walk(
     assert sent.body == json.loads(json.dumps({**built, **extra}))
 
 
+@pytest.mark.parametrize(
+    ("content_type", "body", "answer"),
+    [
+        # JSON labelled as text still answers.
+        ("text/plain", json.dumps({"choices": [{"message": {"content": "Hi."}}]}), "Hi."),
+        ("text/html", "<html>502 Bad Gateway</html>", None),
+        ("application/json", json.dumps(["not", "an", "object"]), None),
+    ],
+)
+def test_an_openai_answer_that_is_not_a_json_object_is_a_provider_error(
+    content_type: str, body: str, answer: str | None
+) -> None:
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            payload = body.encode()
+            self.send_response(200)
+            self.send_header("content-type", content_type)
+            self.send_header("content-length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        spec = resolve_model("openai/test-model")
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        with make_provider(spec, base_url=url, api_key=KEY, settings=FAST) as provider:
+            if answer is None:
+                with pytest.raises(ProviderUnavailable, match="not a JSON object"):
+                    provider.complete(Request(messages=[user("hi")]))
+            else:
+                assert provider.complete(Request(messages=[user("hi")])).text == answer
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("streamed", [False, True])
 def test_it_runs_two_tool_rounds_with_results_from_the_caller(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import functools
+import json
 import logging
 import os
 import socket
@@ -625,6 +626,15 @@ class OpenAIProvider(Provider):
             response = self._post(kwargs, stream=False)
         except _TRANSPORT_ERRORS as exc:
             _raise_normalized(exc, self.kind)
+        if isinstance(response, str):
+            # The SDK hands back the text of a body not labelled as JSON; servers that
+            # label JSON as text/plain still answer in JSON.
+            with contextlib.suppress(ValueError):
+                response = json.loads(response)
+        if not isinstance(response, dict):
+            raise ProviderUnavailable(
+                "the model's answer is not a JSON object", code="bad_response", provider=self.kind
+            )
         return from_openai(response)
 
     def stream(self, request: Request) -> Iterator[StreamEvent]:
