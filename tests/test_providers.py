@@ -695,6 +695,7 @@ def test_openai_requests_go_out_as_built_without_the_sdks_param_walk(
         ("text/plain", json.dumps({"choices": [{"message": {"content": "Hi."}}]}), "Hi."),
         ("text/html", "<html>502 Bad Gateway</html>", None),
         ("application/json", json.dumps(["not", "an", "object"]), None),
+        ("text/event-stream", 'data: ["not", "an", "object"]\n\n', None),
     ],
 )
 def test_an_openai_answer_that_is_not_a_json_object_is_a_provider_error(
@@ -722,7 +723,10 @@ def test_an_openai_answer_that_is_not_a_json_object_is_a_provider_error(
         spec = resolve_model("openai/test-model")
         url = f"http://127.0.0.1:{server.server_address[1]}/v1"
         with make_provider(spec, base_url=url, api_key=KEY, settings=FAST) as provider:
-            if answer is None:
+            if content_type == "text/event-stream":
+                with pytest.raises(ProviderUnavailable, match="not a JSON object"):
+                    list(provider.stream(Request(messages=[user("hi")])))
+            elif answer is None:
                 with pytest.raises(ProviderUnavailable, match="not a JSON object"):
                     provider.complete(Request(messages=[user("hi")]))
             else:

@@ -646,6 +646,12 @@ class OpenAIProvider(Provider):
         try:
             with self._post(kwargs, stream=True) as chunks:
                 for chunk in chunks:
+                    if not isinstance(chunk, dict):
+                        raise ProviderUnavailable(
+                            "the model's answer is not a JSON object",
+                            code="bad_response",
+                            provider=self.kind,
+                        )
                     yield from accumulator.feed(chunk)
         except _TRANSPORT_ERRORS as exc:
             _raise_normalized(exc, self.kind)
