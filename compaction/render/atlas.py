@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from compaction.render.pcf import Glyph, PcfFont
 from compaction.render.profiles import FONT_DIR, Density
-from compaction.render.redrawn import REDRAWN, ROUNDED, redrawn_glyphs, round_loops
+from compaction.render.redrawn import REDRAWN, redrawn_glyphs, round_loops
 
 INVERT = 0xF0000  # display code point of a white-on-black BMP character (plane 15 PUA)
 # A newline is drawn as ↵, a tab as ▸ and ESC as a small hollow diamond (read ␛); the
@@ -76,25 +76,22 @@ class FontStack:
             for font, face in zip(self.fonts, density.faces, strict=True)
         ]
         self.faces = density.faces
-        # Code point ranges whose glyphs get their ㅇ loops rounded (redrawn.round_loops).
-        self.rounded = [ROUNDED.get(face.file, ()) for face in density.faces]
         latin = self.fonts[0].glyph(ord("M"))
         assert latin is not None, "the first font must cover ASCII"
         self.cell_width = latin.advance
         digest = hashlib.sha256()
         for face in density.faces:
-            # The face's settings (lead, legacy codec, ranges) move pixels too.
+            # The face's settings (lead, legacy codec, ranges, rounding) move pixels too.
             digest.update(repr(face).encode())
             digest.update((FONT_DIR / face.file).read_bytes())
             digest.update(repr(sorted(REDRAWN.get(face.file, {}).items())).encode())
-            digest.update(repr(ROUNDED.get(face.file, ())).encode())
         self.digest = digest.hexdigest()[:16]
 
     def find(self, codepoint: int) -> tuple[Glyph, Box] | None:
         if codepoint > 0xFFFF:
             return None
-        for face, font, box, redrawn, rounded in zip(
-            self.faces, self.fonts, self.boxes, self.redrawn, self.rounded, strict=True
+        for face, font, box, redrawn in zip(
+            self.faces, self.fonts, self.boxes, self.redrawn, strict=True
         ):
             if face.only and not any(codepoint in span for span in face.only):
                 continue
@@ -103,7 +100,7 @@ class FontStack:
                 continue
             glyph = redrawn.get(codepoint) or font.glyph(code)
             if glyph is not None and glyph.advance > 0:
-                if any(codepoint in span for span in rounded):
+                if any(codepoint in span for span in face.rounded):
                     glyph = round_loops(glyph)
                 return glyph, box
         return None

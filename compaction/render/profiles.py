@@ -96,6 +96,8 @@ class FontFace:
     codec: str | None = None
     # When set, the font is used only for code points in these ranges.
     only: tuple[range, ...] = ()
+    # Code points whose glyphs get their ㅇ loops drawn rounder (redrawn.round_loops).
+    rounded: tuple[range, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,7 @@ class Density:
 # tesseract misreads more of it (bench_compaction prints both), so "default" keeps 12 px.
 # Hangul syllables and the compatibility jamo (ㅇ U+3147 among them).
 HANGUL = (range(0xAC00, 0xD7A4), range(0x3131, 0x318F))
-_CJK = FontFace("f12.pcf.gz")
+_CJK = FontFace("f12.pcf.gz", rounded=HANGUL)
 _UNIFONT = FontFace("unifont.pcf.gz")
 DENSITIES: dict[str, Density] = {
     # 5x10 cells, clR5x10 at its own pitch (its top row is blank, so descenders keep a
@@ -135,7 +137,7 @@ DENSITIES: dict[str, Density] = {
         (
             FontFace("clR5x8.pcf.gz", lead=1),
             FontFace("5x8.pcf.gz", lead=1),
-            FontFace("gulim10.pcf.gz", codec="euc_kr", only=HANGUL),
+            FontFace("gulim10.pcf.gz", codec="euc_kr", only=HANGUL, rounded=HANGUL),
             _CJK,
             _UNIFONT,
         ),

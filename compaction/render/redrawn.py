@@ -42,7 +42,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from compaction.render.pcf import Glyph
-from compaction.render.profiles import HANGUL
 
 # clR5x10: ascent 8 (the top row is blank), descent 2; the baseline is under row 7.
 _CLEAN_5X10: dict[str, tuple[str, ...]] = {
@@ -65,9 +64,6 @@ _CLEAN_5X10: dict[str, tuple[str, ...]] = {
 _CLEAN_5X8: dict[str, tuple[str, ...]] = {
     char: rows[1:9] for char, rows in _CLEAN_5X10.items() if char != ","
 } | {",": (".....", ".....", ".....", ".....", ".....", "..##.", "..##.", "..#..")}
-
-# Fonts whose glyphs in these code point ranges get ``round_loops``.
-ROUNDED: dict[str, tuple[range, ...]] = {"f12.pcf.gz": HANGUL, "gulim10.pcf.gz": HANGUL}
 
 REDRAWN: dict[str, dict[str, tuple[str, ...]]] = {
     "clR5x10.pcf.gz": _CLEAN_5X10,
