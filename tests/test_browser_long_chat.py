@@ -131,3 +131,20 @@ class LongChatTests(BrowserTestCase):
         link.click()
         self.page.wait_for_load_state("load")
         assert len(self.shown()) == MESSAGES
+        first_id = self.shown()[0]
+        # Without JavaScript, an opened Edit is a link to the form's own page, and the
+        # edit sent from there runs its turn and shows the new branch.
+        first = self.page.locator("#path li.msg.user").first
+        first.locator("details.edit > summary").click()
+        first.get_by_role("link", name="Open the edit form").click()
+        self.page.wait_for_load_state("load")
+        self.page.fill("textarea[name=text]", "Message 0, edited")
+        self.page.screenshot(path=str(SCREENSHOTS / "edit-page-no-js.png"))
+        self.page.click("button:has-text('Send edit')")
+        self.page.wait_for_load_state("load")
+        assert self.shown()[0] != first_id
+        assert (
+            self.page.locator("#path li.msg.user .parts")
+            .first.inner_text()
+            .startswith("Message 0, edited")
+        )

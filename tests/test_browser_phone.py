@@ -178,6 +178,8 @@ class LayoutTestCase(BrowserTestCase):
                 image = page.locator(f"#msg-{self.prompt} img").bounding_box()
                 assert image is not None and image["x"] + image["width"] <= width
                 page.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")
+                # Each opened Edit and Fork fetches its form in place of its link.
+                page.wait_for_function("() => !document.querySelector('.lazy-form > a')")
                 self.assert_no_sideways_scroll(width, "chat with everything open")
                 self.assert_tappable(f"#msg-{self.prompt} button:has-text('Send edit')",
                                      width, min_height)  # fmt: skip

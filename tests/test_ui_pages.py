@@ -87,6 +87,8 @@ class UiBase(TestCase):
             f"/c/{c}/tree/?from={self.nodes['more'].pk}",
             f"/c/{c}/tree/?gap={self.nodes['hi there'].pk}&n=2",
             f"/c/{c}/tree/?alts={self.nodes['hi there'].pk}&skip=0",
+            f"/c/{c}/m/{self.nodes['hello'].pk}/edit/",
+            f"/c/{c}/m/{self.nodes['more'].pk}/fork/",
             f"/c/{c}/context/",
             f"/c/{c}/compactions/{self.record.pk}/",
             f"/c/{c}/compactions/{self.record.pk}/blobs/{self.blob.pk}/",
@@ -342,6 +344,32 @@ class PageTests(UiBase):
     def test_word_diff_escapes_everything(self) -> None:
         old, new = word_diff("<b>a</b> same", "<i>b</i> same")
         assert "<b>" not in old and "&lt;b&gt;" in old and "<ins>&lt;i&gt;b&lt;/i&gt;</ins>" in new
+
+    def test_edit_and_fork_forms_are_fetched_when_opened_or_are_pages_of_their_own(self) -> None:
+        c, hello, more = self.conv.pk, self.nodes["hello"], self.nodes["more"]
+        chat = self.client.get(f"/c/{c}/?m={more.pk}").content.decode()
+        row = chat.split(f'id="msg-{hello.pk}"', 1)[1].split("</li>", 1)[0]
+        # The chat carries no text field per message (a long chat's browser cost), only
+        # where each form is: fetched by the <details> when opened, a link without JS.
+        assert "<textarea" not in row and 'name="title"' not in row
+        for action in ("edit", "fork"):
+            url = f"/c/{c}/m/{hello.pk}/{action}/"
+            assert f'hx-get="{url}" hx-trigger="toggle once"' in row
+            assert f'<a href="{url}">' in row
+        fragment = self.client.get(f"/c/{c}/m/{hello.pk}/edit/", headers={"HX-Request": "true"})
+        body = fragment.content.decode()
+        assert "HX-Request" in fragment["Vary"] and "<html" not in body
+        assert body.lstrip().startswith("<form") and "data-stream" in body
+        assert f'data-cut="msg-{hello.pk}"' in body and ">hello</textarea>" in body
+        # Without JavaScript it is a page; its form posts and the turn runs to its end.
+        page = self.client.get(f"/c/{c}/m/{hello.pk}/edit/").content.decode()
+        assert "<html" in page and ">hello</textarea>" in page and "data-stream" not in page
+        fork = self.client.get(f"/c/{c}/m/{more.pk}/fork/").content.decode()
+        assert 'name="scope" value="subtree"' in fork and 'name="title"' in fork
+        assert f'action="/c/{c}/m/{more.pk}/fork/"' in fork
+        # Only a prompt has an edit form.
+        answer = self.nodes["hi there"].pk
+        assert self.client.get(f"/c/{c}/m/{answer}/edit/").status_code == 400
 
     def test_fork_with_scope_lands_in_the_new_conversation(self) -> None:
         response = self.client.post(

@@ -12,9 +12,10 @@ from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from conversations import forms, selectors, services
+from conversations.models import Conversation, Message
 from conversations.views.chat_presenter import CHAT_CHUNK, chat_context, chat_rows
 from conversations.views.common import (
     HtmxHttpRequest,
@@ -144,12 +145,32 @@ def conversation_settings(request: HtmxHttpRequest, cid: str) -> HttpResponse:
     return redirect(detail_url(conv))
 
 
+ACTION = "conversations/message_action.html"
+
+
+def message_action_form(
+    request: HtmxHttpRequest, conv: Conversation, message: Message, action: str
+) -> HttpResponse:
+    """A message's Edit or Fork form (``action``): the fragment the chat's
+    ``<details>`` fetches when opened, or a page of its own without JavaScript."""
+    context = {
+        "conversation": conv,
+        "message": message,
+        "action": action,
+        "inline": is_fragment(request),
+    }
+    return render_page_or_fragment(request, ACTION, action, context)
+
+
 @login_required
-@require_POST
+@require_http_methods(["GET", "POST"])
 def message_fork(request: HtmxHttpRequest, cid: str, mid: str) -> HttpResponse:
-    """A new conversation from the path to this message (and, by ``scope``, more)."""
+    """A new conversation from the path to this message (and, by ``scope``, more);
+    GET is the form."""
     conv = conversation_or_404(request, cid)
     message = message_or_404(conv, mid)
+    if request.method == "GET":
+        return message_action_form(request, conv, message, "fork")
     form = forms.ForkForm(request.POST)
     if not form.is_valid():
         return form_error(form)

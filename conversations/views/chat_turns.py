@@ -13,12 +13,13 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.shortcuts import redirect
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from conversations import forms, services, turns
 from conversations.errors import ArborError, InvalidInput
 from conversations.models import Conversation, Origin, TurnAttempt
 from conversations.streaming import TurnEvent, event_stream, events_primed
+from conversations.views.chat import message_action_form
 from conversations.views.common import (
     HtmxHttpRequest,
     conversation_or_404,
@@ -95,11 +96,18 @@ def message_send(request: HtmxHttpRequest, cid: str) -> HttpResponseBase:
 
 
 @login_required
-@require_POST
+@require_http_methods(["GET", "POST"])
 def message_edit(request: HtmxHttpRequest, cid: str, mid: str) -> HttpResponseBase:
-    """Edit a prompt: the new text becomes a sibling of the original, with a new answer."""
+    """Edit a prompt: the new text becomes a sibling of the original, with a new answer.
+    GET is the form, for a user's message only."""
     conv = conversation_or_404(request, cid)
     original = message_or_404(conv, mid)
+    if request.method == "GET":
+        try:
+            services.message_edit_parent(message=original)
+        except InvalidInput as exc:
+            return HttpResponse(exc.detail, status=400, content_type="text/plain")
+        return message_action_form(request, conv, original, "edit")
     form = forms.EditForm(request.POST)
     if not form.is_valid():
         return form_error(form)
