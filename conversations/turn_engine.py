@@ -102,6 +102,8 @@ class TurnRun:
         # compaction after the turn starts from them.
         self.context: compaction.ContextResult | None = None
         self.sent_len = 0
+        # The last reply's usage, not yet learned from (see ``_learn``).
+        self._usage: tuple[compaction.ContextResult, Any] | None = None
         self.tool_specs: list[Any] = []
         self.tool_context = ToolContext(conversation=conversation)
         self._reported_resume = False
@@ -153,6 +155,25 @@ class TurnRun:
             attempt=self.attempt, status=AttemptStatus.FAILED, code=code, text=text
         )
         self.finished = True
+        self._learn()  # a reply that came before the failure still counted tokens
+
+    def _learn(self) -> None:
+        """Teach the estimator the provider's count of the last request. Held until the
+        next request is estimated, or the turn's transcript commits (then in its
+        transaction: a turn commits twice, its attempt and its transcript, not three
+        times)."""
+        if self._usage is not None:
+            context, usage = self._usage
+            self._usage = None
+            compaction.usage_observe(spec=self.spec, context=context, usage=usage)
+
+    def _complete(self, tip: uuid.UUID, code: str) -> None:
+        """Inside the transcript's transaction: the attempt is done, and what its last
+        reply taught the estimator is kept with it."""
+        services.turn_attempt_finish(
+            attempt=self.attempt, status=AttemptStatus.COMPLETED, code=code, tip=tip
+        )
+        self._learn()
 
     def _run(self) -> Iterator[Event]:
         self.tool_specs = tools_for(self.conversation)
@@ -205,9 +226,7 @@ class TurnRun:
             messages=_drafts(self.turn),
             # After a rewind the turn continues below the digest: an ordinary turn.
             origin=Origin.TURN if self.persisted else self.origin,
-            also=lambda tip: services.turn_attempt_finish(
-                attempt=self.attempt, status=AttemptStatus.COMPLETED, code=code, tip=tip
-            ),
+            also=lambda tip: self._complete(tip, code),
         )
         self.finished = True
         return result
@@ -230,11 +249,12 @@ class TurnRun:
 
     def _ask(self, provider: Provider, *, last_round: bool) -> Generator[Event, None, Reply]:
         """One request and its streamed reply, which joins the turn in memory."""
+        self._learn()  # the previous round's count, before this request is estimated
         context = yield from self._context()
         self.sent_len = len(self.turn)  # the turn messages this request carries
         reply, context = yield from self._stream(provider, context, last_round=last_round)
         self.context = context
-        compaction.usage_observe(spec=self.spec, context=context, usage=reply.usage)
+        self._usage = (context, reply.usage)
         message = reply.message()
         if not message["parts"]:
             message["parts"] = [{"type": "text", "text": ""}]

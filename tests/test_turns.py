@@ -23,6 +23,7 @@ from django.db import connection
 from django.test import Client, TestCase, TransactionTestCase
 from django.test.utils import CaptureQueriesContext
 
+from compaction.models import ModelCalibration
 from conversations import selectors, services, turns
 from conversations.models import Checkpoint, Conversation, Message, TurnAttempt
 from conversations.providers.fake import FakeLLMServer, Step
@@ -200,6 +201,44 @@ class TurnQueryCountTests(ChatTestCase):
             ],
         )
         assert self._turn_queries(short) == self._turn_queries(long) == self.QUERIES
+
+
+class TurnTransactionTests(TransactionTestCase):
+    """Outside a test's wrapping transaction, the real commits of a turn: its attempt
+    (before the provider is asked: a restart finds it) and its transcript, with the
+    attempt's end and what the reply taught the estimator in the same transaction."""
+
+    def test_a_turn_commits_its_attempt_then_its_transcript_and_nothing_else(self) -> None:
+        user = make_user()
+        conv = services.conversation_create(owner=user, title="commits")
+        for words in ("one", "two"):  # the calibration row exists; its samples grow
+            turns.turn_run(conversation=conv, parts=text(words), model="openai/test")
+        before = ModelCalibration.objects.get()
+        with CaptureQueriesContext(connection) as ctx:
+            turns.turn_run(conversation=conv, parts=text("three"), model="openai/test")
+        sql = [str(q["sql"]).lstrip() for q in ctx.captured_queries]
+        # ("BEGIN IMMEDIATE" on SQLite: see arbor/env.py.)
+        begins = [i for i, q in enumerate(sql) if q.startswith("BEGIN")]
+        commits = [i for i, q in enumerate(sql) if q == "COMMIT"]
+        assert len(begins) == len(commits) == 1, sql
+        begin, commit = begins[0], commits[0]
+        writes = ("INSERT", "UPDATE", "DELETE")
+        outside = [q for i, q in enumerate(sql) if q.startswith(writes) and not begin < i < commit]
+        assert len(outside) == 1 and "conversations_turnattempt" in outside[0], outside
+        inside = sql[begin + 1 : commit]
+        assert any('"compaction_modelcalibration"' in q and q.startswith("UPDATE") for q in inside)
+        assert ModelCalibration.objects.get().samples == before.samples + 1
+
+    def test_a_failed_second_round_still_learns_from_the_first(self) -> None:
+        user = make_user()
+        conv = services.conversation_create(owner=user, title="fails")
+        FAKE.clear()
+        FAKE.push(Step.tools({"name": "current_time", "arguments": {}, "id": "c1"}))
+        FAKE.push(Step.error(400, "bad request"))
+        with pytest.raises(turns.TurnFailed):
+            turns.turn_run(conversation=conv, parts=text("what time"), model="openai/test")
+        assert ModelCalibration.objects.get().samples == 1
+        assert not Message.objects.filter(conversation=conv).exists()
 
 
 class TurnCommitTests(ChatTestCase):
