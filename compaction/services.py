@@ -18,6 +18,7 @@ from functools import cached_property, partial
 from typing import Any, TypeVar
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.db import transaction
 from django.db.models import F, Q
@@ -910,7 +911,21 @@ def job_enqueue(
     that job is stranded (its worker died with the lease expired, or it has waited in
     the queue past ARBOR_JOB_REQUEUE_SECONDS: a lost send, a server killed before its
     thread took the job); then it is sent again, and returned. The claim is a guarded
-    UPDATE, so a job sent twice still runs once."""
+    UPDATE, so a job sent twice still runs once.
+
+    The check and the INSERT run under a lock on the owner's row: two enqueues at the
+    same moment (two tabs, a turn's proactive check beside "Compact now") neither pass
+    the user's limit together nor both insert a job for one anchor."""
+    with transaction.atomic():
+        get_user_model().objects.select_for_update().filter(pk=conversation.owner_id).exists()
+        return _job_enqueue_locked(
+            conversation=conversation, anchor_id=anchor_id, model_id=model_id, trigger=trigger
+        )
+
+
+def _job_enqueue_locked(
+    *, conversation: Conversation, anchor_id: uuid.UUID, model_id: str, trigger: str
+) -> CompactionJob | None:
     from arbor.jobs import job_dispatch
     from compaction.tasks import run_compaction_job
 

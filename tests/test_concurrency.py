@@ -14,10 +14,11 @@ import unittest
 from collections.abc import Callable
 from functools import partial
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.db import connection, connections, transaction
-from django.test import TransactionTestCase
+from django.test import TransactionTestCase, override_settings
 
 from conversations import selectors, services
 from conversations.errors import Conflict, NotFound, StaleVersion
@@ -366,3 +367,52 @@ class DeleteRaceTests(TransactionTestCase):
                 made.refresh_from_db()
                 assert made.forked_from_id is None
                 assert Message.objects.filter(conversation=made).count() == 3
+
+
+@pytest.mark.postgres
+@unittest.skipUnless(
+    connection.vendor == "postgresql",
+    "needs PostgreSQL: SQLite serialises writers, so there is no race to test",
+)
+class JobLimitRaceTests(TransactionTestCase):
+    """Compactions queued at the same moment: a user's limit of open jobs holds, and one
+    anchor still gets one job (the second asker finds it), never an integrity error."""
+
+    def enqueue(self, conv: Conversation, trigger: str = "manual") -> Callable[[], Any]:
+        from compaction import services as compaction
+
+        assert conv.tip_id is not None
+        return partial(
+            compaction.job_enqueue,
+            conversation=conv,
+            anchor_id=conv.tip_id,
+            model_id="openai/test",
+            trigger=trigger,
+        )
+
+    @override_settings(ARBOR_COMPACTION_MAX_OPEN=2)
+    def test_six_at_once_leave_the_users_limit_open_and_refuse_the_rest(self) -> None:
+        from compaction.models import CompactionJob
+        from conversations.errors import TooManyRequests
+
+        for round_no in range(5):
+            user = make_user(f"busy{round_no}")
+            convs = [new_conversation(user, "a>b")[0] for _ in range(6)]
+            with mock.patch("arbor.jobs.job_dispatch"):  # the jobs stay queued
+                results = race(*(self.enqueue(c) for c in convs))
+            winners, refused = split(results, TooManyRequests)
+            assert len(winners) == 2 and len(refused) == 4, results
+            assert CompactionJob.objects.filter(conversation__owner=user).count() == 2
+
+    def test_two_at_once_on_one_anchor_make_one_job(self) -> None:
+        from compaction.models import CompactionJob
+
+        user = make_user("twice")
+        for _ in range(5):
+            conv, _ = new_conversation(user, "a>b")
+            with mock.patch("arbor.jobs.job_dispatch"):
+                results = race(self.enqueue(conv), self.enqueue(conv, "proactive"))
+            assert not any(isinstance(r, BaseException) for r in results), results
+            assert sorted(r is None for r in results) == [False, True]
+            assert CompactionJob.objects.filter(conversation=conv).count() == 1
+            CompactionJob.objects.filter(conversation=conv).delete()
