@@ -19,7 +19,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.test import Client, TestCase, TransactionTestCase
 from django.test.utils import CaptureQueriesContext
 
@@ -521,9 +521,14 @@ class LeaseTests(TransactionTestCase):
             conv = services.conversation_create(owner=user, title="slow", model="openai/test")
             server.push(Step.wait(3.0, "a slow answer"))
             events: list[Any] = []
-            runner = threading.Thread(
-                target=lambda: events.extend(turns.turn_events(conversation=conv, parts=text("hi")))
-            )
+
+            def run() -> None:
+                try:
+                    events.extend(turns.turn_events(conversation=conv, parts=text("hi")))
+                finally:
+                    connections.close_all()  # this thread's own (the test database drops)
+
+            runner = threading.Thread(target=run)
             runner.start()
             try:
                 deadline = time.monotonic() + 10
