@@ -371,6 +371,25 @@ class PageTests(UiBase):
         answer = self.nodes["hi there"].pk
         assert self.client.get(f"/c/{c}/m/{answer}/edit/").status_code == 400
 
+    def test_a_refused_edit_or_fork_shows_its_page_again_saying_why(self) -> None:
+        c, hello, more = self.conv.pk, self.nodes["hello"], self.nodes["more"]
+        before = Message.objects.count(), Conversation.objects.count()
+        edit = self.client.post(f"/c/{c}/m/{hello.pk}/edit/", {"text": "   "})
+        body = edit.content.decode()
+        assert edit.status_code == 400 and "<html" in body
+        assert "Not sent: Write something first." in body and ">hello</textarea>" in body
+        # The chat's script streams the edit and shows a refusal as text.
+        streamed = self.client.post(
+            f"/c/{c}/m/{hello.pk}/edit/", {"text": ""}, headers={"Accept": "text/event-stream"}
+        )
+        assert streamed.status_code == 400 and streamed["Content-Type"].startswith("text/plain")
+        assert "text:" in streamed.content.decode()
+        fork = self.client.post(f"/c/{c}/m/{more.pk}/fork/", {"scope": "everything"})
+        body = fork.content.decode()
+        assert fork.status_code == 400 and "Not sent: Select a valid choice." in body
+        assert 'name="scope" value="subtree"' in body
+        assert (Message.objects.count(), Conversation.objects.count()) == before
+
     def test_fork_with_scope_lands_in_the_new_conversation(self) -> None:
         response = self.client.post(
             f"/c/{self.conv.pk}/m/{self.nodes['hi there'].pk}/fork/",

@@ -10,6 +10,7 @@ from typing import Any
 
 from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required
+from django.forms import BaseForm
 from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -149,17 +150,30 @@ ACTION = "conversations/message_action.html"
 
 
 def message_action_form(
-    request: HtmxHttpRequest, conv: Conversation, message: Message, action: str
+    request: HtmxHttpRequest,
+    conv: Conversation,
+    message: Message,
+    action: str,
+    form: BaseForm | None = None,
 ) -> HttpResponse:
     """A message's Edit or Fork form (``action``): the fragment the chat's
-    ``<details>`` fetches when opened, or a page of its own without JavaScript."""
+    ``<details>`` fetches when opened, or a page of its own without JavaScript. Given
+    a ``form`` that was sent and refused, the page again with its errors (400); the
+    chat's script, which streams the edit, is answered in plain text instead."""
+    if form is not None and (
+        is_fragment(request) or "text/event-stream" in request.headers.get("Accept", "")
+    ):
+        return form_error(form)
     context = {
         "conversation": conv,
         "message": message,
         "action": action,
         "inline": is_fragment(request),
+        "errors": [str(e) for errors in form.errors.values() for e in errors] if form else [],
     }
-    return render_page_or_fragment(request, ACTION, action, context)
+    return render_page_or_fragment(
+        request, ACTION, action, context, status=400 if form is not None else 200
+    )
 
 
 @login_required
@@ -173,7 +187,7 @@ def message_fork(request: HtmxHttpRequest, cid: str, mid: str) -> HttpResponse:
         return message_action_form(request, conv, message, "fork")
     form = forms.ForkForm(request.POST)
     if not form.is_valid():
-        return form_error(form)
+        return message_action_form(request, conv, message, "fork", form)
     fork = services.conversation_fork(
         message=message,
         owner=signed_in_user(request),

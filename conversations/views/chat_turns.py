@@ -110,7 +110,7 @@ def message_edit(request: HtmxHttpRequest, cid: str, mid: str) -> HttpResponseBa
         return message_action_form(request, conv, original, "edit")
     form = forms.EditForm(request.POST)
     if not form.is_valid():
-        return form_error(form)
+        return message_action_form(request, conv, original, "edit", form)
     try:
         parent = services.message_edit_parent(message=original)
     except InvalidInput as exc:
