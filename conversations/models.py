@@ -94,8 +94,10 @@ class Conversation(models.Model):
 
 class Message(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # No index of its own: msg_conv_parent and msg_conv_depth (Meta) both begin with it,
+    # and serve every lookup by conversation (and the cascade's check) as well.
     conversation = models.ForeignKey(
-        Conversation, on_delete=models.CASCADE, related_name="messages"
+        Conversation, on_delete=models.CASCADE, related_name="messages", db_index=False
     )
     # DO_NOTHING: messages are only ever deleted together with their whole conversation
     # (conversation_delete removes every row in one statement), so a per-row cascade

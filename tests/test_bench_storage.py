@@ -99,3 +99,24 @@ class MissingSamplesTests(unittest.TestCase):
                 out = io.StringIO()
                 call_command("bench_storage", stdout=out, stderr=io.StringIO())
         assert json.loads(out.getvalue())["storage"].startswith("skipped: no samples at ")
+
+
+class MessageIndexTests(TransactionTestCase):
+    def test_no_index_of_the_message_table_is_the_prefix_of_another(self) -> None:
+        """An index whose columns begin another index's is written on every insert (a
+        fork writes thousands) and stored, for lookups the longer one serves."""
+        with connection.cursor() as cursor:
+            found = connection.introspection.get_constraints(cursor, Message._meta.db_table)
+        plain = {
+            name: tuple(c["columns"])
+            for name, c in found.items()
+            if c["index"] and not c["unique"] and not c["primary_key"] and c["columns"]
+        }
+        assert ("conversation_id", "parent_id") in plain.values()  # the introspection works
+        for name, columns in plain.items():
+            longer = [
+                other
+                for other, cols in plain.items()
+                if other != name and len(cols) > len(columns) and cols[: len(columns)] == columns
+            ]
+            assert not longer, f"{name} {columns} is a prefix of {longer}"
