@@ -9,10 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.conf import settings
+from django.contrib.auth import REDIRECT_FIELD_NAME
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import resolve_url
 from django.utils.decorators import sync_and_async_middleware
+from django.utils.http import urlencode
+from django_htmx.http import HttpResponseClientRedirect
 from whitenoise.middleware import WhiteNoiseMiddleware
 
 
@@ -93,6 +99,29 @@ def _json_error(request: HttpRequest, response: HttpResponse) -> HttpResponse:
 
 
 @sync_and_async_middleware
+def htmx_sign_in(get_response: Callable[[HttpRequest], Any]) -> Callable[..., Any]:
+    """A fragment asked for after the session ended (a form opened, history loaded, a
+    job polled): the whole page goes to sign in, and back to that page after it. Left to
+    itself, the browser would follow the redirect and swap the sign-in page into the
+    fragment's place."""
+    return _after(get_response, _sign_in_page)
+
+
+def _sign_in_page(request: HttpRequest, response: HttpResponse) -> HttpResponse:
+    if response.status_code != 302 or request.headers.get("HX-Request") != "true":
+        return response
+    login = resolve_url(settings.LOGIN_URL)
+    if not response.get("Location", "").startswith(login):
+        return response
+    # The page the fragment was for (only its path: never another site's address).
+    current = urlsplit(request.headers.get("HX-Current-URL", ""))
+    page = current.path + (f"?{current.query}" if current.query else "") or "/"
+    if not page.startswith("/") or page.startswith("//"):
+        page = "/"
+    return HttpResponseClientRedirect(f"{login}?{urlencode({REDIRECT_FIELD_NAME: page})}")
+
+
+@sync_and_async_middleware
 def private_pages(get_response: Callable[[HttpRequest], Any]) -> Callable[..., Any]:
     """A Permissions-Policy on every response, and ``Cache-Control: no-store`` on what a
     signed-in user is shown (a shared computer's cache or a proxy keeps no copy of
@@ -101,8 +130,6 @@ def private_pages(get_response: Callable[[HttpRequest], Any]) -> Callable[..., A
 
 
 def _private(request: HttpRequest, response: HttpResponse) -> HttpResponse:
-    from django.conf import settings
-
     response.setdefault("Permissions-Policy", settings.ARBOR_PERMISSIONS_POLICY)
     # A session cookie or a credential: someone's own pages (no user lookup here, which
     # would be a database read in the gateway's async views).

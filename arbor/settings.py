@@ -65,6 +65,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "arbor.middleware.htmx_sign_in",
     "arbor.middleware.api_json_errors",
     "arbor.middleware.private_pages",
     "axes.middleware.AxesMiddleware",

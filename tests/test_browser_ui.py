@@ -210,6 +210,24 @@ class TreeToolsTests(BrowserTestCase):
                                    message_id=self.nodes["plan"].pk)  # fmt: skip
         self.sign_in("alice")
 
+    def test_a_form_opened_after_the_session_ended_goes_to_sign_in_and_back(self) -> None:
+        page = self.page
+        chat = f"/c/{self.conv.pk}/"
+        page.goto(self.url(chat))
+        page.wait_for_load_state("networkidle")  # the sidebar's fragment has come too
+        self.context.clear_cookies()  # the session ends (signed out elsewhere, expired)
+        first = f"#msg-{self.nodes['plan'].pk}"
+        page.click(f"{first} summary:has-text('Fork')")
+        page.wait_for_url(re.compile(r"/login/\?next="))
+        assert page.locator(f"{first}").count() == 0  # the whole page went, not the form
+        page.fill("input[name=username]", "alice")
+        page.fill("input[name=password]", "pw")
+        page.click("button:has-text('Sign in')")
+        page.wait_for_url(self.url(chat))
+        page.click(f"{first} summary:has-text('Fork')")
+        page.wait_for_selector(f"{first} input[name=title]")  # now the form itself
+        self.assert_clean()
+
     def test_list_fork_and_provenance(self) -> None:
         page = self.page
         page.goto(self.url(f"/c/{self.conv.pk}/"))

@@ -7,6 +7,7 @@ import io
 import json
 import uuid
 from html.parser import HTMLParser
+from urllib.parse import urlencode
 
 from django.test import Client, TestCase
 from PIL import Image
@@ -124,6 +125,23 @@ class AccessTests(UiBase):
             assert response.status_code == 302, url
             assert response["Location"].startswith("/login/"), url
         assert self.conv.messages.count() == 4
+
+    def test_a_fragment_after_the_session_ended_sends_its_page_to_sign_in(self) -> None:
+        page = f"/c/{self.conv.pk}/?m={self.nodes['more'].pk}"
+        for url in self.conv_urls():
+            response = self.client.get(
+                url, headers={"HX-Request": "true", "HX-Current-URL": f"http://testserver{page}"}
+            )
+            # Not the sign-in form swapped into the fragment's place: the page goes.
+            assert response.status_code == 200, url
+            assert response["HX-Redirect"] == "/login/?" + urlencode({"next": page}), url
+            assert not response.content
+        # Only a path of this site is kept to come back to.
+        elsewhere = self.client.get(
+            f"/c/{self.conv.pk}/tree/",
+            headers={"HX-Request": "true", "HX-Current-URL": "https://evil.example//x"},
+        )
+        assert elsewhere["HX-Redirect"] == "/login/?next=%2F"
 
     def test_the_sign_in_page_needs_no_user(self) -> None:
         response = self.client.get("/login/")
