@@ -110,6 +110,10 @@ def htmx_sign_in(get_response: Callable[[HttpRequest], Any]) -> Callable[..., An
 def _sign_in_page(request: HttpRequest, response: HttpResponse) -> HttpResponse:
     if response.status_code != 302 or request.headers.get("HX-Request") != "true":
         return response
+    if request.headers.get("HX-History-Restore-Request") == "true":
+        # htmx puts what a history restore gets in place of the whole page, and reads
+        # no HX-Redirect there: following the redirect shows the sign-in page itself.
+        return response
     login = resolve_url(settings.LOGIN_URL)
     if not response.get("Location", "").startswith(login):
         return response

@@ -142,6 +142,11 @@ class AccessTests(UiBase):
             headers={"HX-Request": "true", "HX-Current-URL": "https://evil.example//x"},
         )
         assert elsewhere["HX-Redirect"] == "/login/?next=%2F"
+        # A history restore is swapped in as the whole page: the redirect stays one.
+        restore = self.client.get(
+            page, headers={"HX-Request": "true", "HX-History-Restore-Request": "true"}
+        )
+        assert restore.status_code == 302 and restore["Location"].startswith("/login/")
 
     def test_the_sign_in_page_needs_no_user(self) -> None:
         response = self.client.get("/login/")
