@@ -103,26 +103,58 @@ def htmx_sign_in(get_response: Callable[[HttpRequest], Any]) -> Callable[..., An
     """A fragment asked for after the session ended (a form opened, history loaded, a
     job polled): the whole page goes to sign in, and back to that page after it. Left to
     itself, the browser would follow the redirect and swap the sign-in page into the
-    fragment's place."""
+    fragment's place. The page's script (a chat turn's stream, Stop) gets a 401 naming
+    where to sign in instead; a form posted without JavaScript comes back to its page
+    after signing in, not to the address it posted to."""
     return _after(get_response, _sign_in_page)
 
 
 def _sign_in_page(request: HttpRequest, response: HttpResponse) -> HttpResponse:
-    if response.status_code != 302 or request.headers.get("HX-Request") != "true":
+    if response.status_code != 302:
         return response
+    htmx = request.headers.get("HX-Request") == "true"
+    script = not htmx and is_script_request(request)
+    if not (htmx or script or request.method == "POST"):
+        return response  # a page the browser navigated to: the redirect is right
     if request.headers.get("HX-History-Restore-Request") == "true":
         # htmx puts what a history restore gets in place of the whole page, and reads
         # no HX-Redirect there: following the redirect shows the sign-in page itself.
         return response
     login = resolve_url(settings.LOGIN_URL)
-    if not response.get("Location", "").startswith(login):
-        return response
-    # The page the fragment was for (only its path: never another site's address).
-    current = urlsplit(request.headers.get("HX-Current-URL", ""))
+    if not response.get("Location", "").startswith(f"{login}?{REDIRECT_FIELD_NAME}="):
+        return response  # not login_required's redirect (signing out, say)
+    # The page the request was made from: the fragment's, or the one whose script or
+    # form sent it (its Referer: the URL posted to takes only POST, and would answer
+    # the way back with a 405). Only its path: never another site's address.
+    address = request.headers.get("HX-Current-URL") if htmx else request.headers.get("Referer")
+    current = urlsplit(address or "")
     page = current.path + (f"?{current.query}" if current.query else "") or "/"
     if not page.startswith("/") or page.startswith("//"):
         page = "/"
-    return HttpResponseClientRedirect(f"{login}?{urlencode({REDIRECT_FIELD_NAME: page})}")
+    sign_in = f"{login}?{urlencode({REDIRECT_FIELD_NAME: page})}"
+    if htmx:
+        return HttpResponseClientRedirect(sign_in)
+    if not script:
+        response["Location"] = sign_in
+        return response
+    # The chat's script (a turn's stream, Stop) would otherwise follow the redirect and
+    # read the sign-in page as its answer; it keeps the unsent message and offers this.
+    return JsonResponse(
+        {
+            "error": "not_signed_in",
+            "detail": "your session has ended",
+            "login": sign_in,
+        },
+        status=401,
+    )
+
+
+def is_script_request(request: HttpRequest) -> bool:
+    """A request the page's own script made for a stream or JSON (the chat's fetches),
+    not a page the browser navigated to (whose Accept begins with text/html)."""
+    accept = request.headers.get("Accept", "")
+    wanted = "text/event-stream" in accept or "application/json" in accept
+    return wanted and "text/html" not in accept
 
 
 @sync_and_async_middleware

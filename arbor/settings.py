@@ -35,6 +35,7 @@ else:
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+CSRF_FAILURE_VIEW = "arbor.views.csrf_failure"
 
 INSTALLED_APPS = [
     "django.contrib.admin",

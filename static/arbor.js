@@ -68,6 +68,40 @@
     }
   }
 
+  // Why a message was not sent, in its answer's place. A session that ended gets a
+  // link to sign in again, and the message waits in this tab's storage to be put back
+  // in the composer when the chat opens again after it.
+  function refused(out, response, said, text) {
+    var problem = null;
+    if ((response.headers.get("Content-Type") || "").indexOf("application/json") === 0) {
+      try { problem = JSON.parse(said); } catch (e) { problem = null; }
+    }
+    if (!problem || !problem.detail) {
+      out.textContent = response.ok ? "Not sent: the server did not answer with the chat's stream." : said;
+      return;
+    }
+    out.textContent = "Not sent: " + problem.detail + ". ";
+    if (problem.login) {
+      var link = document.createElement("a");
+      link.href = problem.login;
+      link.textContent = "Sign in again";
+      out.appendChild(link);
+      keepDraft(text);
+    }
+  }
+  var DRAFT = "arbor:draft:" + window.location.pathname;
+  function keepDraft(text) {
+    try { if (text) window.sessionStorage.setItem(DRAFT, text); } catch (e) { /* storage off */ }
+  }
+  document.addEventListener("DOMContentLoaded", function () {
+    var box = document.querySelector("#composer textarea[name=text]");
+    var draft = null;
+    try { draft = window.sessionStorage.getItem(DRAFT); } catch (e) { return; }
+    if (!box || draft === null) return;
+    window.sessionStorage.removeItem(DRAFT);
+    if (!box.value) box.value = draft;
+  });
+
   async function stream(form) {
     var chat = document.getElementById("chat");
     var path = document.getElementById("path");
@@ -116,9 +150,10 @@
         credentials: "same-origin",
         headers: { "X-CSRFToken": csrfToken(), Accept: "text/event-stream" },
       });
-      if (!response.ok) {
+      var type = response.headers.get("Content-Type") || "";
+      if (!response.ok || type.indexOf("text/event-stream") !== 0) {
         answer.classList.add("error");
-        out.textContent = await response.text();
+        refused(out, response, await response.text(), text);
         if (composerText && !composerText.value) composerText.value = text;
         if (sentImages.length && !composerImages(form).files.length) setAttachments(form, sentImages);
         return;
@@ -242,6 +277,7 @@
       });
       if (!response.ok && button) {
         var body = await response.json().catch(function () { return {}; });
+        if (body.login) { window.location.assign(body.login); return; }  // the session ended
         button.textContent = "Stop";
         button.disabled = false;
         button.title = body.detail || "Stop failed";

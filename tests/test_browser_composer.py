@@ -6,6 +6,7 @@ message shows the image inline, served from the blob store. At 1280 and 390 px
 from __future__ import annotations
 
 import base64
+import re
 from typing import Any
 
 from conversations.models import Blob
@@ -138,3 +139,56 @@ class ComposerImageTests(BrowserTestCase):
         assert self.page.input_value("#composer textarea") == "Look at this"
         assert self.page.locator("#composer .attachments img").count() == 1
         assert not Blob.objects.exists()
+
+    def test_a_message_sent_after_the_session_ended_waits_for_signing_in_again(self) -> None:
+        self.fake.push(Step.reply("Tomorrow looks dry."))
+        self.open(DESKTOP)
+        chat = self.url(f"/c/{self.conv.pk}/")
+        self.page.wait_for_load_state("networkidle")
+        self.page.set_input_files(
+            "#composer input[name=images]",
+            files=[{"name": "sky.png", "mimeType": "image/png", "buffer": png_bytes(width=25)}],
+        )
+        self.page.fill("#composer textarea", "And tomorrow?")
+        # The session ends (expired, signed out elsewhere); the CSRF cookie outlives it.
+        self.context.clear_cookies(name="sessionid")
+        self.page.click("#composer button.send")
+        link = self.page.wait_for_selector("#live-answer.error a:has-text('Sign in again')")
+        assert link is not None
+        # What was typed and attached is still there; nothing reached the model or the
+        # transcript.
+        assert "session has ended" in self.page.inner_text("#live-answer")
+        assert self.page.input_value("#composer textarea") == "And tomorrow?"
+        assert self.page.locator("#composer .attachments img").count() == 1
+        assert self.fake.requests == [] and self.conv.messages.count() == 2
+        self.page.screenshot(path=str(SCREENSHOTS / "composer-session-ended.png"))
+        link.click()
+        self.page.wait_for_url(re.compile(r"/login/\?next="))
+        self.page.fill("input[name=username]", "painter")
+        self.page.fill("input[name=password]", "pw")
+        self.page.click("button:has-text('Sign in')")
+        self.page.wait_for_url(chat)
+        # Back at the chat, the message waits in the composer (its text: a picture is
+        # not kept across pages) and goes this time.
+        assert self.page.input_value("#composer textarea") == "And tomorrow?"
+        self.page.click("#composer button.send")
+        self.page.wait_for_selector("#path li.msg.assistant:has-text('Tomorrow looks dry.')")
+        assert self.conv.messages.count() == 4
+        # Sent once, the draft is not put back again.
+        self.page.goto(chat)
+        assert self.page.input_value("#composer textarea") == ""
+        self.assert_clean()
+
+    def test_a_page_older_than_the_last_sign_in_says_to_reload(self) -> None:
+        self.open(DESKTOP)
+        self.page.fill("#composer textarea", "Still there?")
+        # Signed in again in another tab: the browser's CSRF secret is new, the token
+        # this page was drawn with is not.
+        cookies = [c for c in self.context.cookies() if c["name"] == "csrftoken"]
+        self.context.add_cookies([{**cookies[0], "value": "y" * 32}])
+        self.page.click("#composer button.send")
+        self.page.wait_for_selector("#live-answer.error")
+        said = self.page.inner_text("#live-answer")
+        assert "out of date" in said and "reload" in said and "<" not in said
+        assert self.page.input_value("#composer textarea") == "Still there?"
+        assert self.conv.messages.count() == 2

@@ -7,7 +7,7 @@ import io
 import json
 import uuid
 from html.parser import HTMLParser
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from django.test import Client, TestCase
 from PIL import Image
@@ -147,6 +147,62 @@ class AccessTests(UiBase):
             page, headers={"HX-Request": "true", "HX-History-Restore-Request": "true"}
         )
         assert restore.status_code == 302 and restore["Location"].startswith("/login/")
+
+    def test_a_form_posted_after_the_session_ended_comes_back_to_its_page(self) -> None:
+        page = f"/c/{self.conv.pk}/?m={self.nodes['more'].pk}"
+        for url, data in self.conv_posts():
+            response = self.client.post(url, data, headers={"Referer": f"http://testserver{page}"})
+            # Back to the page after signing in: the address posted to takes only POST.
+            assert response.status_code == 302, url
+            assert response["Location"] == "/login/?" + urlencode({"next": page}), url
+        foreign = self.client.post(
+            f"/c/{self.conv.pk}/send/", {"text": "x"}, headers={"Referer": "https://evil.example/"}
+        )
+        assert foreign["Location"] == "/login/?next=%2F"
+        assert self.conv.messages.count() == 4
+        # Signing out is not a refused page: its own redirect stays.
+        self.client.force_login(self.alice)
+        assert self.client.post("/logout/", headers={"Referer": page})["Location"] == "/login/"
+
+    def test_the_chats_script_after_the_session_ended_is_told_where_to_sign_in(self) -> None:
+        page = f"/c/{self.conv.pk}/"
+        for accept in ("text/event-stream", "application/json"):
+            for url, data in self.conv_posts():
+                response = self.client.post(
+                    url, data, headers={"Accept": accept, "Referer": f"http://testserver{page}"}
+                )
+                # Not a redirect the script would follow to read the sign-in page as
+                # its answer: a 401 saying why, and where to go.
+                assert response.status_code == 401, url
+                assert response.json() == {
+                    "error": "not_signed_in",
+                    "detail": "your session has ended",
+                    "login": "/login/?" + urlencode({"next": page}),
+                }, url
+        assert self.conv.messages.count() == 4
+        # A page the browser navigates to still goes to sign in the usual way.
+        browser = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+        response = self.client.get(page, headers={"Accept": browser})
+        assert response.status_code == 302 and response["Location"] == f"/login/?next={quote(page)}"
+
+    def test_a_stale_token_tells_the_chats_script_to_reload(self) -> None:
+        client = Client(enforce_csrf_checks=True)
+        client.force_login(self.alice)
+        page = client.get(f"/c/{self.conv.pk}/")
+        token = page.context["csrf_token"]
+        # Signed in again in another tab since: the browser holds a new CSRF secret.
+        client.cookies["csrftoken"] = "x" * 32
+        url = f"/c/{self.conv.pk}/send/"
+        response = client.post(
+            url, {"text": "x"}, headers={"Accept": "text/event-stream", "X-CSRFToken": str(token)}
+        )
+        assert response.status_code == 403
+        assert response.json()["error"] == "stale_page"
+        assert "reload" in response.json()["detail"]
+        # A form without the script gets Django's explanation, as a page.
+        plain = client.post(url, {"text": "x", "csrfmiddlewaretoken": str(token)})
+        assert plain.status_code == 403 and b"CSRF" in plain.content
+        assert self.conv.messages.count() == 4
 
     def test_the_sign_in_page_needs_no_user(self) -> None:
         response = self.client.get("/login/")
