@@ -9,11 +9,12 @@ TEST_ENV := SECRET_KEY=test-only-secret-key-not-for-production
 
 # Real agent harnesses for the gateway tests (tests/test_gateway_harness.py) and the
 # importer tests (Codex: tests/test_import_codex.py), from the npm registry at pinned
-# versions. Without npm they are skipped, except under CI=true.
+# versions; and Anthropic's legacy public Claude tokenizer (its table, claude.json) for
+# the compaction bench's token counts. Without npm they are skipped, except under CI=true.
 HARNESS := var/harness
 HARNESS_STAMP := $(HARNESS)/.installed-stamp
 HARNESS_PACKAGES := @anthropic-ai/claude-code@2.1.197 @mariozechner/pi-coding-agent@0.73.1 \
-  @openai/codex@0.171.0
+  @openai/codex@0.171.0 @anthropic-ai/tokenizer@0.0.4
 
 .PHONY: setup run test lint typecheck pytest bench clean harness
 
@@ -59,7 +60,7 @@ pytest: setup harness
 
 test: lint typecheck pytest
 
-bench: setup
+bench: setup harness
 	mkdir -p var
 	DEBUG=1 $(BIN)/python manage.py migrate --noinput
 	DEBUG=1 $(BIN)/python manage.py bench_tree

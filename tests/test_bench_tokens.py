@@ -3,6 +3,7 @@ plain CER beside the lenient one."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -25,15 +26,45 @@ def test_real_tokenizers_count_offline() -> None:
     assert counted["o200k_base"] == len(o200k.encode_ordinary("hello world")) + len(
         o200k.encode_ordinary("안녕하세요")
     )
-    assert bench_tokens.count(["hello world"]) == {"o200k_base": 2, "cl100k_base": 2}
+    hello = bench_tokens.count(["hello world"])
+    assert hello is not None and hello["o200k_base"] == 2 and hello["cl100k_base"] == 2
     # Text that looks like a special token is counted as text, not refused.
     assert bench_tokens.count(["<|endoftext|>"])["o200k_base"] > 1  # type: ignore[index]
 
 
+def require_claude() -> None:
+    if bench_tokens._claude() is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{bench_tokens.CLAUDE_TABLE} is missing: `make harness` installs it")
+        pytest.skip("the legacy Claude tokenizer is not installed (run `make harness`)")
+
+
+def test_the_legacy_claude_tokenizer_counts_as_its_package_does() -> None:
+    require_claude()
+    # The package's own test cases: a count, and text counted in its NFKC form.
+    assert bench_tokens.claude_count("hello world!") == 3
+    assert bench_tokens.claude_count("™") == 1 and bench_tokens.claude_count("ϰ") == 1
+    counted = bench_tokens.count(["hello world!", "안녕하세요"])
+    assert counted is not None
+    assert counted["claude_legacy"] == 3 + bench_tokens.claude_count("안녕하세요")
+    assert bench_tokens.names() == ["o200k_base", "cl100k_base", "claude_legacy"]
+
+
 def test_the_bench_reports_each_count_and_the_estimate() -> None:
+    require_claude()
     tokens = bench_render.text_tokens([Segment("user", "a", "The quick brown fox.")])
-    assert set(tokens) == {"o200k_base", "cl100k_base", "arbor_estimate"}
+    assert set(tokens) == {"o200k_base", "cl100k_base", "claude_legacy", "arbor_estimate"}
     assert tokens["o200k_base"] == 5
+    # Each counted saving is judged against the goal; o200k's is the verdict.
+    entry: dict[str, Any] = {
+        language: {"saving": {"o200k_base": 3.5, "claude_legacy": 4.5}, "ocr_cer": {}}
+        for language in ("english", "prose", "korean")
+    }
+    korean = [g for g in bench_render._goals(entry) if g["figure"].startswith("korean saving")]
+    assert [(g["figure"], g["met"]) for g in korean] == [
+        ("korean saving (o200k_base)", False),
+        ("korean saving (claude_legacy)", True),
+    ]
 
 
 def test_levenshtein() -> None:
