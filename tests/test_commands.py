@@ -225,6 +225,7 @@ class BenchTreeTests(TestCase):
             *report["fork"].values(),
         ):
             assert figure["seconds"] > 0 and len(figure["runs"]) == 1
+            assert 0 <= figure["cpu_seconds"] <= figure["seconds"] * 1.5 + 0.02
         assert report["tip_move"]["large"]["nodes"] == 2000
         assert report["fork"]["large"]["messages"] == 200
         assert set(report["targets"]) == {
@@ -269,5 +270,21 @@ class BenchImportTests(TransactionTestCase):
         assert figures["file_mb"] >= 1 and figures["conversations"] == 1
         assert figures["imported"] and figures["messages"] > 200 and figures["messages"] % 4 == 0
         assert figures["peak_rss_mb"] > 0 and figures["within_limit"] is True
+        # The child's CPU, not counting children waited for before it.
+        assert 0 < figures["cpu_seconds"] < figures["wall_seconds"] + 1
         assert not Conversation.objects.exists()
         assert not get_user_model().objects.filter(username__startswith="__arbor").exists()
+
+
+def test_a_process_cpu_time_is_read_from_proc() -> None:
+    import os
+    import time
+
+    from conversations.management.liveserver import process_cpu_seconds
+
+    before = process_cpu_seconds(os.getpid())
+    deadline = time.process_time() + 0.1
+    while time.process_time() < deadline:
+        pass  # 0.1 s of this process's CPU
+    spent = process_cpu_seconds(os.getpid()) - before
+    assert 0.05 <= spent <= 1.0  # /proc counts in ticks (1/100 s here)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import os
 import socket
 import subprocess
 import sys
@@ -37,9 +38,20 @@ def wait_until_up(port: int, path: str = "/login/", seconds: float = 30.0) -> No
     raise RuntimeError("uvicorn did not start")
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User and system CPU time a process (not its children) has used so far, from
+    /proc (ticks of 1/SC_CLK_TCK s: add up many requests before dividing)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        # The name field may hold spaces: the numbers start after its closing parenthesis.
+        fields = stat.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14, 15)
+
+
 @contextmanager
-def uvicorn(env: Mapping[str, str]) -> Iterator[int]:
-    """Serve arbor.asgi on a free port with ``env``; yields the port."""
+def uvicorn_process(env: Mapping[str, str]) -> Iterator[tuple[int, int]]:
+    """Serve arbor.asgi on a free port with ``env``; yields the port and the server's
+    pid (for its CPU time)."""
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "arbor.asgi:application", "--host", "127.0.0.1",
@@ -48,7 +60,14 @@ def uvicorn(env: Mapping[str, str]) -> Iterator[int]:
     )  # fmt: skip
     try:
         wait_until_up(port)
-        yield port
+        yield port, server.pid
     finally:
         server.terminate()
         server.wait(20)
+
+
+@contextmanager
+def uvicorn(env: Mapping[str, str]) -> Iterator[int]:
+    """Serve arbor.asgi on a free port with ``env``; yields the port."""
+    with uvicorn_process(env) as (port, _):
+        yield port

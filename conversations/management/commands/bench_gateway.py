@@ -35,7 +35,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from compaction.models import CompactionRecord
 from conversations import services
 from conversations.gateway.cache_model import Bill, PromptCache
-from conversations.management.liveserver import percentile, uvicorn
+from conversations.management.liveserver import percentile, process_cpu_seconds, uvicorn_process
 from conversations.models import Conversation
 from conversations.providers.fake import (
     FakeLLMServer,
@@ -214,7 +214,7 @@ class Command(BaseCommand):
             ARBOR_INPROCESS_JOBS="thread",
         )
         try:
-            with uvicorn(env) as port:
+            with uvicorn_process(env) as (port, pid):
                 gateway = f"http://127.0.0.1:{port}/gateway/anthropic"
                 headers = {
                     "content-type": "application/json",
@@ -222,7 +222,7 @@ class Command(BaseCommand):
                     "anthropic-version": "2023-06-01",
                 }
                 result = {
-                    "latency": self._latency(fake, gateway, headers, options["iterations"]),
+                    "latency": self._latency(fake, gateway, headers, options["iterations"], pid),
                     "session": self._session(fake, gateway, headers, options),
                 }
         finally:
@@ -240,17 +240,27 @@ class Command(BaseCommand):
         self.stdout.write(json.dumps(result, indent=2))
 
     def _latency(
-        self, fake: FakeLLMServer, gateway: str, headers: dict[str, str], iterations: int
+        self,
+        fake: FakeLLMServer,
+        gateway: str,
+        headers: dict[str, str],
+        iterations: int,
+        server: int,
     ) -> dict[str, Any]:
+        """Wall times per path, and the gateway server's CPU per request through it (its
+        process's, exchange writes behind the answer included)."""
         out: dict[str, Any] = {}
         for size in (10, 300):
             messages = _conversation(size)
             direct, through = _Client(fake.anthropic_base_url), _Client(gateway)
             times: dict[str, list[float]] = {k: [] for k in ("d", "g", "dt", "gt")}
+            cpu_from = 0.0
             for i in range(iterations + 3):
                 stream = i % 2 == 1
                 body = json.dumps(_body(messages, stream=stream)).encode()
                 fake.push(Step.reply("ok"), Step.reply("ok"))
+                if i == 3:  # the timed requests begin
+                    cpu_from = process_cpu_seconds(server)
                 _, _, d_total, d_first = direct.post("/v1/messages", body, headers)
                 _, _, g_total, g_first = through.post("/v1/messages", body, headers)
                 if i < 3:
@@ -261,6 +271,10 @@ class Command(BaseCommand):
                 else:
                     times["d"].append(d_total)
                     times["g"].append(g_total)
+            # The last exchange is written behind its answer: let it land, then count
+            # the server's CPU over every timed request (the direct ones never reach it).
+            time.sleep(0.5)
+            cpu = process_cpu_seconds(server) - cpu_from
             ms = 1000.0
             out[f"{size}_messages"] = {
                 "request_bytes": len(json.dumps(_body(messages))),
@@ -272,6 +286,7 @@ class Command(BaseCommand):
                 "added_p95_ms": round(
                     (percentile(times["g"], 0.95) - percentile(times["d"], 0.95)) * ms, 2
                 ),
+                "gateway_cpu_ms_per_request": round(cpu / iterations * ms, 2),
                 "ttfb_direct_p50_ms": round(statistics.median(times["dt"]) * ms, 2),
                 "ttfb_gateway_p50_ms": round(statistics.median(times["gt"]) * ms, 2),
                 "ttfb_added_p50_ms": round(

@@ -97,6 +97,7 @@ class Command(BaseCommand):
             self.stderr.write(f"writing a {options['mb']} MB session…")
             size = write_session(path, options["mb"])
             self.stderr.write("importing it in a child process…")
+            earlier = resource.getrusage(resource.RUSAGE_CHILDREN)
             started = time.perf_counter()
             child = subprocess.run(
                 [sys.executable, "-c", _CHILD, str(user.pk), str(path)],
@@ -111,7 +112,8 @@ class Command(BaseCommand):
                 check=False,
             )
             wall = time.perf_counter() - started
-        peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        peak_kb = children.ru_maxrss
         try:
             for conv in Conversation.objects.filter(owner=user):
                 services.conversation_delete(conversation=conv)
@@ -130,6 +132,15 @@ class Command(BaseCommand):
                         "file_mb": round(size / 1024 / 1024, 1),
                         **figures,
                         "wall_seconds": round(wall, 2),
+                        # The importing child's CPU (children waited for before it
+                        # are taken out; its peak memory is theirs and its own).
+                        "cpu_seconds": round(
+                            children.ru_utime
+                            + children.ru_stime
+                            - earlier.ru_utime
+                            - earlier.ru_stime,
+                            2,
+                        ),
                         "peak_rss_mb": peak_mb,
                         "limit_mb": options["limit_mb"],
                         "within_limit": peak_mb <= options["limit_mb"],

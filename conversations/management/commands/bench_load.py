@@ -24,7 +24,11 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import connection
 
 from conversations import services
-from conversations.management.liveserver import percentile, uvicorn
+from conversations.management.liveserver import (
+    percentile,
+    process_cpu_seconds,
+    uvicorn_process,
+)
 from conversations.models import Conversation
 
 BENCH_USERNAME = "__arbor_bench_load__"
@@ -48,8 +52,13 @@ class Command(BaseCommand):
         ]
         env = dict(os.environ, ALLOWED_HOSTS="127.0.0.1", ARBOR_INPROCESS_JOBS="thread")
         try:
-            with uvicorn(env) as port:
+            with uvicorn_process(env) as (port, pid):
+                cpu_from = process_cpu_seconds(pid)
                 result = self._load(port, token, conversations, options)
+                cpu = process_cpu_seconds(pid) - cpu_from
+            # The server's own CPU (its process's: SQLite's work is in it, PostgreSQL's
+            # is not), per request answered.
+            result["server_cpu_ms_per_request"] = round(cpu / max(1, result["requests"]) * 1000, 2)
         finally:
             for conversation in Conversation.objects.filter(owner=user):
                 services.conversation_delete(conversation=conversation)

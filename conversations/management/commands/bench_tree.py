@@ -196,21 +196,25 @@ class Command(BaseCommand):
         if after is not None:
             after(result)
         times: list[float] = []
+        cpu: list[float] = []
         for _ in range(repeat):
             # As timeit does: no garbage collection pause lands inside a timed run.
             gc.collect()
             gc.disable()
             try:
                 with _no_query_logging():
-                    start = time.perf_counter()
+                    start, cpu_start = time.perf_counter(), time.process_time()
                     result = fn()
                     times.append(time.perf_counter() - start)
+                    cpu.append(time.process_time() - cpu_start)
             finally:
                 gc.enable()
             if after is not None:
                 after(result)
         return {
             "seconds": _median(times),
+            # This process's CPU (not the database server's, on PostgreSQL).
+            "cpu_seconds": _median(cpu),
             "queries": queries,
             "runs": [round(t, 6) for t in times],
         }
