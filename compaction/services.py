@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import cached_property, partial
 from typing import Any, TypeVar
 
@@ -22,9 +22,10 @@ from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.db import transaction
 from django.db.models import F, Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
-from arbor.heartbeat import Heartbeat
+from arbor.heartbeat import Heartbeat, db_now
 from arbor.procs import process_gone, process_identity
 from compaction.estimate import Calibration, Limits, as_message, iter_images, message_tokens
 from compaction.ladder import (
@@ -986,8 +987,11 @@ def job_run_now(*, job: CompactionJob) -> CompactionRecord | None:
     return job_run(job=claimed)
 
 
-def _stranded(job: CompactionJob) -> bool:
-    now = timezone.now()
+def _stranded(job: CompactionJob, now: datetime | None = None) -> bool:
+    """Queued and not sent for a requeue time, or running with its worker dead. Leases
+    are judged by the database's clock, the one they are written with (arbor.heartbeat);
+    ``now`` is that clock's time when the caller has read it already."""
+    now = now or db_now()
     if job.state == JobState.RUNNING:
         expired = job.lease_until is not None and job.lease_until < now
         return expired or (bool(job.worker) and process_gone(job.worker))
@@ -1014,10 +1018,10 @@ def job_claim(*, job_id: Any, lease_seconds: int | None = None) -> CompactionJob
     job = CompactionJob.objects.filter(pk=job_id).first()
     if job is None or job.state not in (JobState.QUEUED, JobState.RUNNING):
         return None
-    now = timezone.now()
+    now = db_now()
     guard = Q(state=JobState.QUEUED)
     if job.state == JobState.RUNNING:
-        if not _stranded(job):
+        if not _stranded(job, now):
             assert job.lease_until is not None
             raise JobBusy(max(1.0, (job.lease_until - now).total_seconds() + 1))
         # Taken again only from the dead worker it names, and only if its lease has not
@@ -1057,7 +1061,7 @@ def _job_lease(job: CompactionJob) -> Heartbeat:
     lease = timedelta(seconds=settings.ARBOR_JOB_LEASE_SECONDS)
     mine = CompactionJob.objects.filter(pk=job.pk, state=JobState.RUNNING, worker=job.worker)
     return Heartbeat(
-        lambda: mine.update(lease_until=timezone.now() + lease),
+        lambda: mine.update(lease_until=Now() + lease),  # the database's clock
         lease.total_seconds() / 4,
         name="arbor-job-lease",
     )

@@ -27,11 +27,12 @@ from django.core.files.base import ContentFile
 from django.core.files.storage import FileSystemStorage, default_storage
 from django.db import IntegrityError, connection, models, transaction
 from django.db.models import Exists, F, OuterRef, Subquery
+from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from PIL import Image, UnidentifiedImageError
 
-from arbor.heartbeat import Heartbeat
+from arbor.heartbeat import Heartbeat, db_now
 from arbor.procs import process_gone, process_identity
 from conversations import selectors
 from conversations.errors import (
@@ -411,7 +412,7 @@ def turn_attempt_lease(*, attempt: TurnAttempt, on_stop: Callable[[], object]) -
         now = time.monotonic()
         if now - state["renewed"] >= every:
             state["renewed"] = now
-            running.update(heartbeat_at=timezone.now())
+            running.update(heartbeat_at=Now())  # the database's clock: see arbor.heartbeat
         if not state["stopped"] and asked.exists():
             state["stopped"] = True
             on_stop()
@@ -421,12 +422,13 @@ def turn_attempt_lease(*, attempt: TurnAttempt, on_stop: Callable[[], object]) -
 
 
 def turn_attempt_heartbeat(*, attempt: TurnAttempt) -> None:
-    """The attempt showed a sign of life (a streamed event); ``attempt`` keeps the time."""
+    """The attempt showed a sign of life (a streamed event). At most one write every few
+    seconds, however fast the tokens arrive: ``attempt`` keeps this host's time of the
+    last one for that; the row gets the database's (see arbor.heartbeat)."""
     now = timezone.now()
-    # At most one write every few seconds, however fast the tokens arrive.
     if now - attempt.heartbeat_at > timedelta(seconds=5):
         attempt.heartbeat_at = now
-        TurnAttempt.objects.filter(pk=attempt.pk).update(heartbeat_at=now)
+        TurnAttempt.objects.filter(pk=attempt.pk).update(heartbeat_at=Now())
 
 
 def turn_attempt_live(*, attempt: TurnAttempt, live: dict[str, Any]) -> None:
@@ -1159,7 +1161,7 @@ def import_job_run(*, job_id: Any) -> None:
     from conversations.models import ImportJob, ImportState
 
     claimed = ImportJob.objects.filter(pk=job_id, state=ImportState.QUEUED).update(
-        state=ImportState.RUNNING, worker=process_identity(), updated_at=timezone.now()
+        state=ImportState.RUNNING, worker=process_identity(), updated_at=Now()
     )
     if not claimed:
         # A redelivery after the process running it died (a killed pool process): say
@@ -1180,7 +1182,7 @@ def import_job_run(*, job_id: Any) -> None:
             conversations_done=F("conversations_done") + 1,
             messages_done=F("messages_done") + (report.messages or 0),
             report={"conversation_ids": ids},
-            updated_at=timezone.now(),
+            updated_at=Now(),
         )
         imported.append(str(report.id))
 
@@ -1188,7 +1190,7 @@ def import_job_run(*, job_id: Any) -> None:
     # import_job_sweep ends the job (a dead process on this host is seen at once).
     alive = ImportJob.objects.filter(pk=job.pk, state=ImportState.RUNNING)
     beat = Heartbeat(
-        lambda: alive.update(updated_at=timezone.now()),
+        lambda: alive.update(updated_at=Now()),  # the database's clock, as it is judged by
         IMPORT_STALE_SECONDS / 6,
         name="arbor-import-lease",
     )
@@ -1262,7 +1264,7 @@ def import_job_sweep(job: Any) -> Any:
         return job
     if job.state != ImportState.RUNNING or not job.worker:
         return job
-    stale = timezone.now() - job.updated_at > timedelta(seconds=IMPORT_STALE_SECONDS)
+    stale = db_now() - job.updated_at > timedelta(seconds=IMPORT_STALE_SECONDS)
     if not (process_gone(job.worker) or stale):
         return job
     done = job.conversations_done

@@ -26,6 +26,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from arbor.heartbeat import db_now
 from arbor.procs import process_gone
 from conversations import selectors, services
 from conversations.errors import ArborError, Conflict, InvalidInput, NotFound
@@ -100,7 +101,8 @@ def attempt_is_stale(attempt: TurnAttempt) -> bool:
     if process_gone(attempt.worker):
         return True
     limit = timedelta(seconds=settings.ARBOR_ATTEMPT_STALE_SECONDS)
-    return timezone.now() - attempt.heartbeat_at > limit
+    # By the clock its heartbeat was written with, whichever host wrote it.
+    return db_now() - attempt.heartbeat_at > limit
 
 
 class NothingRunning(Conflict):
