@@ -1081,8 +1081,9 @@ def jobs_sweep() -> dict[str, int]:
     now = timezone.now()
     requeue = now - timedelta(seconds=settings.ARBOR_JOB_REQUEUE_SECONDS)
     sent = 0
+    leases_now = db_now()  # once for the sweep, not a query per job
     for job in CompactionJob.objects.filter(state__in=[JobState.QUEUED, JobState.RUNNING]):
-        if not _stranded(job):
+        if not _stranded(job, leases_now):
             continue
         # Touched (the next sweep waits a whole requeue time for this send) and sent,
         # only if nobody took it since it was read.
