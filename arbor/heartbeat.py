@@ -34,7 +34,7 @@ def db_now() -> datetime:
     """The database's clock, timezone-aware (UTC on SQLite): what leases and heartbeats
     written with ``Now()`` are compared with. One query."""
     with connection.cursor() as cursor:
-        cursor.execute(_NOW_SQL[connection.vendor])
+        cursor.execute(_NOW_SQL.get(connection.vendor, "SELECT CURRENT_TIMESTAMP"))
         row = cursor.fetchone()
     value = row[0]
     if isinstance(value, str):

@@ -17,8 +17,9 @@ def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
         return JsonResponse(
             {
                 "error": "stale_page",
-                "detail": "this page is out of date (you signed in again since it was "
-                "opened): reload it, then send again",
+                "detail": "this page's security token was refused (it is older than "
+                "your last sign-in, or the browser's cookies were cleared): reload it, "
+                "then send again",
             },
             status=403,
         )

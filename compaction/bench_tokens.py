@@ -82,7 +82,8 @@ def names() -> list[str]:
 
 def claude_count(text: str) -> int:
     """Tokens of ``text`` by the legacy Claude tokenizer, which counts its NFKC form (as
-    the package's ``countTokens`` does)."""
+    the package's ``countTokens`` does; unlike it, text that looks like one of its
+    special tokens is counted as text, as ``count`` does for every tokenizer)."""
     return len(_claude().encode_ordinary(unicodedata.normalize("NFKC", text)))
 
 

@@ -991,11 +991,13 @@ def _stranded(job: CompactionJob, now: datetime | None = None) -> bool:
     """Queued and not sent for a requeue time, or running with its worker dead. Leases
     are judged by the database's clock, the one they are written with (arbor.heartbeat);
     ``now`` is that clock's time when the caller has read it already."""
-    now = now or db_now()
     if job.state == JobState.RUNNING:
+        now = now or db_now()
         expired = job.lease_until is not None and job.lease_until < now
         return expired or (bool(job.worker) and process_gone(job.worker))
-    return now - job.updated_at > timedelta(seconds=settings.ARBOR_JOB_REQUEUE_SECONDS)
+    # Queued: its updated_at is the time it was last sent, by the clock of the host that
+    # sent it (a send again is harmless, the claim is guarded).
+    return timezone.now() - job.updated_at > timedelta(seconds=settings.ARBOR_JOB_REQUEUE_SECONDS)
 
 
 class JobBusy(Exception):
@@ -1100,7 +1102,8 @@ def jobs_sweep() -> dict[str, int]:
             job_dispatch(run_import_job, str(item.pk))
             imports_sent += 1
     for item in ImportJob.objects.filter(state=ImportState.RUNNING):
-        imports_ended += tree_services.import_job_sweep(item).state == ImportState.FAILED
+        ended = tree_services.import_job_sweep(item, leases_now).state == ImportState.FAILED
+        imports_ended += ended
     # Files kept for "import again as copies" go after IMPORT_KEEP_SECONDS.
     kept_until = now - timedelta(seconds=tree_services.IMPORT_KEEP_SECONDS)
     for item in ImportJob.objects.filter(state=ImportState.DONE, updated_at__lt=kept_until).exclude(

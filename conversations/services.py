@@ -383,16 +383,21 @@ def turn_attempt_start(
     inside = transaction.get_connection().in_atomic_block
     try:
         with transaction.atomic() if inside else contextlib.nullcontext():
-            return TurnAttempt.objects.create(
+            attempt = TurnAttempt.objects.create(
                 conversation=conversation,
                 parent_id=parent_id,
                 input_parts=input_parts,
                 model=model,
                 worker=process_identity(),
                 retry_of=retry_of,
+                heartbeat_at=Now(),  # its first sign of life, in the database's time
             )
     except IntegrityError:  # the conversation was deleted a moment ago
         raise NotFound(f"no such conversation: {conversation.pk}") from None
+    # This host's time of that beat, which only spaces the next ones out
+    # (turn_attempt_heartbeat); the row holds the database's.
+    attempt.heartbeat_at = timezone.now()
+    return attempt
 
 
 def turn_attempt_lease(*, attempt: TurnAttempt, on_stop: Callable[[], object]) -> Heartbeat:
@@ -1245,9 +1250,10 @@ IMPORT_STALE_SECONDS = 180
 IMPORT_KEEP_SECONDS = 24 * 3600
 
 
-def import_job_sweep(job: Any) -> Any:
+def import_job_sweep(job: Any, now: datetime | None = None) -> Any:
     """A running import whose process is gone (killed, restarted) is marked failed, with
-    the conversations it imported before it stopped; returns the job as it now is."""
+    the conversations it imported before it stopped; returns the job as it now is.
+    ``now``: the database's time (arbor.heartbeat), when the caller has read it."""
     from conversations.models import ImportState
 
     if job.state == ImportState.DONE and job.upload:
@@ -1264,7 +1270,8 @@ def import_job_sweep(job: Any) -> Any:
         return job
     if job.state != ImportState.RUNNING or not job.worker:
         return job
-    stale = db_now() - job.updated_at > timedelta(seconds=IMPORT_STALE_SECONDS)
+    now = now or db_now()
+    stale = now - job.updated_at > timedelta(seconds=IMPORT_STALE_SECONDS)
     if not (process_gone(job.worker) or stale):
         return job
     done = job.conversations_done

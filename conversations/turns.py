@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -92,17 +92,17 @@ class TurnOutcome:
 # --- attempts ------------------------------------------------------------------------
 
 
-def attempt_is_stale(attempt: TurnAttempt) -> bool:
+def attempt_is_stale(attempt: TurnAttempt, now: datetime | None = None) -> bool:
     """A running attempt whose process is gone (on this host: its pid free or reused by
     a process started later, see arbor.procs) or that has not shown signs of life for
-    ARBOR_ATTEMPT_STALE_SECONDS."""
+    ARBOR_ATTEMPT_STALE_SECONDS, by the database's clock, which its heartbeat is written
+    with whichever host runs it (``now``: its time, when the caller has read it)."""
     if attempt.status != AttemptStatus.RUNNING:
         return False
     if process_gone(attempt.worker):
         return True
     limit = timedelta(seconds=settings.ARBOR_ATTEMPT_STALE_SECONDS)
-    # By the clock its heartbeat was written with, whichever host wrote it.
-    return db_now() - attempt.heartbeat_at > limit
+    return (now or db_now()) - attempt.heartbeat_at > limit
 
 
 class NothingRunning(Conflict):
@@ -112,10 +112,13 @@ class NothingRunning(Conflict):
 def turn_running(*, conversation: Conversation) -> list[TurnAttempt]:
     """The conversation's turns running now, newest first (a stale one is not: its
     process is gone, and retry offers to run it again)."""
-    running = TurnAttempt.objects.filter(
-        conversation=conversation, status=AttemptStatus.RUNNING
-    ).order_by("-created_at")
-    return [a for a in running if not attempt_is_stale(a)]
+    running = list(
+        TurnAttempt.objects.filter(
+            conversation=conversation, status=AttemptStatus.RUNNING
+        ).order_by("-created_at")
+    )
+    now = db_now() if running else None
+    return [a for a in running if not attempt_is_stale(a, now)]
 
 
 def turn_stop(*, conversation: Conversation, attempt_id: Any = None) -> list[uuid.UUID]:

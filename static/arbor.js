@@ -69,9 +69,10 @@
   }
 
   // Why a message was not sent, in its answer's place. A session that ended gets a
-  // link to sign in again, and the message waits in this tab's storage to be put back
-  // in the composer when the chat opens again after it.
-  function refused(out, response, said, text) {
+  // link to sign in again; a page older than the last sign-in, advice to reload. Either
+  // way the composer's message (``draft``: an edit or a retry keeps none) waits in this
+  // tab's storage, to be put back when the chat opens again.
+  function refused(out, response, said, draft) {
     var problem = null;
     if ((response.headers.get("Content-Type") || "").indexOf("application/json") === 0) {
       try { problem = JSON.parse(said); } catch (e) { problem = null; }
@@ -86,8 +87,8 @@
       link.href = problem.login;
       link.textContent = "Sign in again";
       out.appendChild(link);
-      keepDraft(text);
     }
+    if (problem.login || problem.error === "stale_page") keepDraft(draft);
   }
   var DRAFT = "arbor:draft:" + window.location.pathname;
   function keepDraft(text) {
@@ -153,7 +154,7 @@
       var type = response.headers.get("Content-Type") || "";
       if (!response.ok || type.indexOf("text/event-stream") !== 0) {
         answer.classList.add("error");
-        refused(out, response, await response.text(), text);
+        refused(out, response, await response.text(), composerText ? text : "");
         if (composerText && !composerText.value) composerText.value = text;
         if (sentImages.length && !composerImages(form).files.length) setAttachments(form, sentImages);
         return;
@@ -277,7 +278,12 @@
       });
       if (!response.ok && button) {
         var body = await response.json().catch(function () { return {}; });
-        if (body.login) { window.location.assign(body.login); return; }  // the session ended
+        if (body.login) {  // the session ended: sign in, keeping what is being typed
+          var typed = document.querySelector("#composer textarea[name=text]");
+          if (typed) keepDraft(typed.value);
+          window.location.assign(body.login);
+          return;
+        }
         button.textContent = "Stop";
         button.disabled = false;
         button.title = body.detail || "Stop failed";

@@ -51,10 +51,11 @@ def test_the_legacy_claude_tokenizer_counts_as_its_package_does() -> None:
 
 
 def test_the_bench_reports_each_count_and_the_estimate() -> None:
-    require_claude()
     tokens = bench_render.text_tokens([Segment("user", "a", "The quick brown fox.")])
-    assert set(tokens) == {"o200k_base", "cl100k_base", "claude_legacy", "arbor_estimate"}
+    assert set(tokens) >= {"o200k_base", "cl100k_base", "arbor_estimate"}
     assert tokens["o200k_base"] == 5
+    require_claude()
+    assert "claude_legacy" in tokens
     # Each counted saving is judged against the goal; o200k's is the verdict.
     entry: dict[str, Any] = {
         language: {"saving": {"o200k_base": 3.5, "claude_legacy": 4.5}, "ocr_cer": {}}

@@ -189,6 +189,23 @@ class ComposerImageTests(BrowserTestCase):
         self.page.click("#composer button.send")
         self.page.wait_for_selector("#live-answer.error")
         said = self.page.inner_text("#live-answer")
-        assert "out of date" in said and "reload" in said and "<" not in said
+        assert "older than your last sign-in" in said and "reload" in said and "<" not in said
         assert self.page.input_value("#composer textarea") == "Still there?"
+        assert self.conv.messages.count() == 2
+        # Reloading as it says loses nothing: the message is back in the composer.
+        self.page.reload()
+        assert self.page.input_value("#composer textarea") == "Still there?"
+
+    def test_an_edit_refused_after_the_session_ended_is_not_put_in_the_composer(self) -> None:
+        self.open(DESKTOP)
+        first = "#path li.msg.user"
+        self.page.click(f"{first} summary:has-text('Edit')")
+        self.page.fill(f"{first} textarea[name=text]", "Hello again")
+        self.context.clear_cookies(name="sessionid")
+        self.page.click(f"{first} button:has-text('Send')")
+        self.page.wait_for_selector("#live-answer.error a:has-text('Sign in again')")
+        # Put back in the composer it would go below the tip, not in place of the
+        # message it edits: only the composer's own message waits for the way back.
+        kept = self.page.evaluate("Object.keys(window.sessionStorage)")
+        assert [k for k in kept if k.startswith("arbor:draft:")] == []
         assert self.conv.messages.count() == 2

@@ -74,6 +74,15 @@ class LeaseClockTests(TestCase):
             assert turns.attempt_is_stale(dead)
         assert [a.pk for a in turns.turn_running(conversation=self.conv)] == [live.pk]
 
+    def test_a_turn_just_started_on_a_host_whose_clock_runs_behind_is_alive(self) -> None:
+        with clock_off(-10):  # its own time would make the attempt 10 minutes old
+            attempt = services.turn_attempt_start(
+                conversation=self.conv, parent_id=self.conv.tip_id, input_parts=[], model=MODEL
+            )
+        stored = TurnAttempt.objects.get(pk=attempt.pk)
+        assert abs(stored.heartbeat_at - db_now()) < datetime.timedelta(seconds=30)
+        assert not turns.attempt_is_stale(stored)
+
     def test_heartbeats_are_written_in_the_databases_time(self) -> None:
         attempt = self.attempt(beat_seconds_ago=600)
         with clock_off(-30):  # far behind: its own time would look dead at once
