@@ -39,6 +39,7 @@ from django.test.utils import CaptureQueriesContext, override_settings
 from django.utils import timezone
 
 from conversations import selectors, services
+from conversations.management.benchdb import vacuum
 from conversations.models import Conversation, Message, Origin, Role
 from conversations.parts import searchable_text
 
@@ -132,13 +133,7 @@ class Command(BaseCommand):
         for conv in Conversation.objects.filter(owner=user):
             services.conversation_delete(conversation=conv)
         user.delete()
-        if connection.vendor == "postgresql" and not connection.in_atomic_block:
-            # 110,000 rows just deleted: reclaim them and refresh the planner's figures
-            # now, as autovacuum would (a cluster may run without it), so that the next
-            # bench on this database does not plan against a table of dead rows. (Not
-            # inside a transaction, where VACUUM cannot run: the bench's own tests.)
-            with connection.cursor() as cursor:
-                cursor.execute(f"VACUUM ANALYZE {Message._meta.db_table}")
+        vacuum(Message)  # 110,000 rows just deleted
 
     # --- setup -----------------------------------------------------------------------
 
