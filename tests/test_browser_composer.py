@@ -173,6 +173,8 @@ class ComposerImageTests(BrowserTestCase):
         assert self.page.input_value("#composer textarea") == "And tomorrow?"
         self.page.click("#composer button.send")
         self.page.wait_for_selector("#path li.msg.assistant:has-text('Tomorrow looks dry.')")
+        # The saved turn replaces the streamed one once it is written.
+        self.page.wait_for_selector("#live-answer", state="detached")
         assert self.conv.messages.count() == 4
         # Sent once, the draft is not put back again.
         self.page.goto(chat)
