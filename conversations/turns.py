@@ -24,6 +24,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from arbor.heartbeat import db_now
@@ -112,13 +113,12 @@ class NothingRunning(Conflict):
 def turn_running(*, conversation: Conversation) -> list[TurnAttempt]:
     """The conversation's turns running now, newest first (a stale one is not: its
     process is gone, and retry offers to run it again)."""
-    running = list(
-        TurnAttempt.objects.filter(
-            conversation=conversation, status=AttemptStatus.RUNNING
-        ).order_by("-created_at")
+    running = (
+        TurnAttempt.objects.filter(conversation=conversation, status=AttemptStatus.RUNNING)
+        .annotate(db_time=Now())  # the database's time, read with the rows
+        .order_by("-created_at")
     )
-    now = db_now() if running else None
-    return [a for a in running if not attempt_is_stale(a, now)]
+    return [a for a in running if not attempt_is_stale(a, a.db_time)]
 
 
 def turn_stop(*, conversation: Conversation, attempt_id: Any = None) -> list[uuid.UUID]:
@@ -149,7 +149,8 @@ def turn_follow(*, attempt_id: uuid.UUID) -> Iterator[dict[str, Any]]:
     grew (read from the attempt's row every ARBOR_TURN_STOP_POLL_SECONDS, whichever
     process runs the turn); last ``done`` (with ``stopped``) or ``error`` when the
     attempt ended or its process died."""
-    rows = TurnAttempt.objects.filter(pk=attempt_id)
+    # Each poll reads the database's time with the row: no second query to judge it.
+    rows = TurnAttempt.objects.filter(pk=attempt_id).annotate(db_time=Now())
     shown: Any = None
     quiet_since = time.monotonic()
     while True:
@@ -157,7 +158,7 @@ def turn_follow(*, attempt_id: uuid.UUID) -> Iterator[dict[str, Any]]:
         if attempt is None:  # deleted with its conversation
             yield {"event": "error", "error": "not_found", "detail": "the turn is gone"}
             return
-        if attempt.status == AttemptStatus.RUNNING and attempt_is_stale(attempt):
+        if attempt.status == AttemptStatus.RUNNING and attempt_is_stale(attempt, attempt.db_time):
             yield {"event": "error", "error": "interrupted", "detail": "the turn's process stopped"}
             return
         if attempt.status == AttemptStatus.COMPLETED:

@@ -72,7 +72,14 @@ class LeaseClockTests(TestCase):
             assert not turns.attempt_is_stale(live)
         with clock_off(-10):
             assert turns.attempt_is_stale(dead)
-        assert [a.pk for a in turns.turn_running(conversation=self.conv)] == [live.pk]
+        # The running list reads the database's time with its rows: one query.
+        with clock_off(+10), self.assertNumQueries(1):
+            running = turns.turn_running(conversation=self.conv)
+        assert [a.pk for a in running] == [live.pk]
+        # A follower's poll too: the dead turn is said at the first read, in one query.
+        with clock_off(-10), self.assertNumQueries(1):
+            first = next(turns.turn_follow(attempt_id=dead.pk))
+        assert first["event"] == "error" and first["error"] == "interrupted"
 
     def test_a_turn_just_started_on_a_host_whose_clock_runs_behind_is_alive(self) -> None:
         with clock_off(-10):  # its own time would make the attempt 10 minutes old

@@ -9,8 +9,10 @@ from django.http import Http404, HttpResponse, HttpResponseBase
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from arbor.heartbeat import db_now
 from conversations import forms, selectors, services
 from conversations.errors import ArborError, NotFound
+from conversations.models import ImportState
 from conversations.views.common import (
     HtmxHttpRequest,
     render_page_or_fragment,
@@ -48,8 +50,10 @@ def import_page(request: HtmxHttpRequest) -> HttpResponseBase:
     if request.method == "POST":
         return _import_start(request, form)
     recent = selectors.import_job_list(owner=signed_in_user(request), limit=RECENT_JOBS)
-    # A job whose process died is ended here, so the list never shows it running forever.
-    jobs = [services.import_job_sweep(job) for job in recent]
+    # A job whose process died is ended here, so the list never shows it running forever
+    # (judged by the database's clock, read once for the list).
+    now = db_now() if any(job.state == ImportState.RUNNING for job in recent) else None
+    jobs = [services.import_job_sweep(job, now) for job in recent]
     return render(request, IMPORT, {"form": form, "jobs": jobs})
 
 
