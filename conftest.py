@@ -1,11 +1,17 @@
 """Root pytest configuration: test runs need a SECRET_KEY but never a real one, the
 offline demo as their default model, and a var/ folder for the SQLite test database (a
-fresh clone has none)."""
+fresh clone has none). Tests marked ``samples`` are skipped without the third-party
+samples beside the repository (failed under CI=true; tests/sample_loaders.py), and the
+run ends with its skips counted and named in one line."""
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 os.environ.setdefault("SECRET_KEY", "test-only-secret-key-not-for-production")
 os.environ.setdefault("SECURE_COOKIES", "0")
@@ -31,3 +37,36 @@ def pytest_configure(config: object) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     # Django's settings may be read before this module sets the variable above.
     settings.ARBOR_DEFAULT_MODEL = os.environ["ARBOR_DEFAULT_MODEL"]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Before any fixture or setUpClass/setUpTestData of the test runs: a test marked
+    # `samples` (tests.sample_loaders.requires_samples) is skipped without the
+    # third-party samples, or failed under CI=true.
+    if item.get_closest_marker("samples") is not None:
+        from tests.sample_loaders import require_samples
+
+        require_samples()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    from compaction.bench_samples import SAMPLES
+
+    state = "present" if SAMPLES.is_dir() else "ABSENT: tests that read them are skipped"
+    if not SAMPLES.is_dir() and os.environ.get("CI") == "true":
+        state = "ABSENT: tests that read them fail (CI=true)"
+    return f"third-party samples: {SAMPLES} ({state})"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Every skip of the run counted and named in one line, by reason (pytest's own
+    summary gives a line per reason and place)."""
+    reasons: Counter[str] = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, (tuple, list)) else str(longrepr)
+        reasons[reason.removeprefix("Skipped: ")] += 1
+    if reasons:
+        named = "; ".join(f"{n} × {reason}" for reason, n in reasons.most_common())
+        terminalreporter.write_line(f"SKIPPED {sum(reasons.values())}: {named}")

@@ -405,12 +405,24 @@ _EXTENSIONS = (
 _FILE_RE = re.compile(rf"^[A-Za-z0-9_][\w.-]*\.(?:{_EXTENSIONS})$", re.IGNORECASE)
 _MIXED_ID_RE = re.compile(r"^(?=[\w.-]*[0-9])(?=[\w.-]*[A-Za-z])[\w.-]{8,}$")
 # Code identifiers: camelCase / PascalCase with an inner capital, snake_case, or a name
-# mixing letters and digits; plain words ("model", "Error") are not distinctive.
-_IDENT_RE = re.compile(
-    # Attribute chains first (``error.message``, ``event.firstKeptIndex``), then names.
-    r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+"
-    r"|[A-Za-z_][A-Za-z0-9_]*(?:[a-z0-9][A-Z]|_[A-Za-z0-9])[A-Za-z0-9_]*|[A-Za-z]+[0-9][A-Za-z0-9]*"
-)
+# mixing letters and digits; plain words ("model", "Error") are not distinctive. They are
+# found by ``_identifiers``, which gives what this regex's ``findall`` gives:
+#   [A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+           attribute chains (``error.message``)
+#   | [A-Za-z_]\w*(?:[a-z0-9][A-Z]|_[A-Za-z0-9])\w*   camelCase, snake_case
+#   | [A-Za-z]+[0-9][A-Za-z0-9]*                 letters then digits (``v2beta``)
+# (``\w`` meaning ASCII [A-Za-z0-9_]). The regex itself is quadratic: each start inside
+# one long run of letters scans to the run's end before failing (a 20,000-letter word took
+# a minute), so the scan below judges each run once.
+_SEGMENT_RE = re.compile(r"[A-Za-z0-9_]+")
+_IDENT_START_RE = re.compile(r"[A-Za-z_]")
+_LETTERS_RE = re.compile(r"[A-Za-z]*")
+_ALNUM_RE = re.compile(r"[A-Za-z0-9]*")
+# The last inner capital or underscore pair of a run (greedy, so one pass and back).
+_LAST_PAIR_RE = re.compile(r"[A-Za-z0-9_]*([a-z0-9][A-Z]|_[A-Za-z0-9])")
+# Letters then a digit, tried only where a stretch of letters begins: elsewhere in a
+# stretch the answer is the same as at its beginning.
+_LETTERS_DIGIT_RE = re.compile(r"(?<![A-Za-z])[A-Za-z]+[0-9][A-Za-z0-9]*")
+_CHAIN_LINK_RE = re.compile(r"(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 # Versions: ``0.27.5``, ``v2.1.3``.
 _VERSION_RE = re.compile(r"(?<![\w.])v?\d+\.\d+(?:\.\d+)+(?![\w])")
 # Plain words a later tool call may copy out of a result (an edit's old_string, a grep
@@ -428,6 +440,53 @@ def _words(text: str) -> set[str]:
     return set(_WORD_RE.findall(text))
 
 
+def _match_end(pattern: re.Pattern[str], text: str, pos: int, end: int) -> int:
+    found = pattern.match(text, pos, end)
+    return found.end() if found else pos
+
+
+def _identifiers(text: str) -> Iterator[str]:
+    """The code identifiers of ``text`` in order, in time linear in its length.
+
+    In a run of ``[A-Za-z0-9_]`` ending at ``end``, the match starting at ``start`` is:
+    an attribute chain when the run is followed by ``.`` and a name (the same for every
+    start in the run); else the rest of the run when an inner-capital or underscore pair
+    begins after ``start`` (so once that fails it fails for every later start); else
+    letters then a digit, which depends only on the stretch of letters ``start`` is in."""
+    resume = 0
+    for segment in _SEGMENT_RE.finditer(text):
+        pos, end = segment.span()
+        if pos < resume:  # inside the attribute chain just given
+            continue
+        pair = _LAST_PAIR_RE.match(text, pos, end)
+        last_pair = pair.start(1) if pair else -1
+        while pos < end:
+            first = _IDENT_START_RE.search(text, pos, end)
+            if first is None:
+                break
+            start = first.start()
+            chain = _CHAIN_LINK_RE.match(text, end)
+            if chain:
+                resume = chain.end()
+                yield text[start:resume]
+                break
+            if last_pair > start:
+                yield text[start:end]
+                break
+            letters = _match_end(_LETTERS_RE, text, start, end)
+            if letters > start and letters < end and text[letters].isdigit():
+                stop = _match_end(_ALNUM_RE, text, letters, end)
+                yield text[start:stop]
+                pos = stop
+                continue
+            # Nothing starts here, and from now on only letters then a digit can.
+            found = _LETTERS_DIGIT_RE.search(text, start + 1, end)
+            if found is None:
+                break
+            yield found.group()
+            pos = found.end()
+
+
 def distinctive_tokens(text: str) -> set[str]:
     """What later messages would quote if they relied on this text: paths, file names
     (and the base names of paths), letter+digit ids of 8+ characters, and code
@@ -442,7 +501,7 @@ def distinctive_tokens(text: str) -> set[str]:
                 found.add(base)
         elif (_FILE_RE.match(word) and len(word) >= 4) or _MIXED_ID_RE.match(word):
             found.add(word)
-    found.update(m for m in _IDENT_RE.findall(text) if len(m) >= 4)
+    found.update(m for m in _identifiers(text) if len(m) >= 4)
     return found
 
 

@@ -1,5 +1,13 @@
-"""The real sample sessions for the compaction tests, and a density-model fake of the
-snapshot renderer.
+"""The third-party samples (``../shared/samples``): where they are, the one way a test
+says it needs them, and the real sample sessions for the compaction tests; and a
+density-model fake of the snapshot renderer.
+
+The samples sit beside the repository, not in it: a fresh clone has none. A test that
+reads them is marked ``@requires_samples`` (the pytest mark ``samples``; root conftest.py
+acts on it before the test or its class is set up) or calls ``samples_dir()`` first.
+Without the folder such a test is skipped, every one with the same reason, so the run's
+summary names it once; under ``CI=true`` it fails instead, naming the missing folder.
+Everything else is tested with data the project makes itself (tests/data, generated).
 
 The samples are read by ``compaction.bench_samples`` (Arbor's own importers, no
 database), the one reader the ladder bench uses too; the names are re-exported here so
@@ -10,9 +18,13 @@ with the same page size and billing, cheap and deterministic.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from compaction.bench_samples import (
     CLAUDE_CODE_DIR,
@@ -29,6 +41,7 @@ __all__ = [
     "CLAUDE_CODE_DIR",
     "PI_SAMPLE",
     "SAMPLES",
+    "SAMPLES_ABSENT",
     "DensityRenderer",
     "FakePage",
     "FakeRenderResult",
@@ -36,7 +49,52 @@ __all__ = [
     "load_claude_code",
     "load_pi",
     "load_samples",
+    "require_samples",
+    "requires_samples",
+    "samples_dir",
+    "samples_present",
 ]
+
+
+# --- the third-party samples -------------------------------------------------------------
+
+# The one reason every sample-dependent test is skipped with (pytest folds equal skips
+# from one place into one summary line).
+SAMPLES_ABSENT = (
+    f"needs the third-party samples in ../shared/samples, absent here ({SAMPLES}); "
+    "see README's Testing section (CI=true fails instead of skipping)"
+)
+
+#: Marks a test, a class or a module (``pytestmark = requires_samples``) as reading the
+#: samples: conftest.py skips it (fails it under CI=true) before setting it up when they
+#: are absent. Parametrized tests over the samples keep one placeholder case then.
+requires_samples = pytest.mark.samples
+
+
+def samples_present() -> bool:
+    return SAMPLES.is_dir()
+
+
+def require_samples() -> None:
+    """Skip the calling test when the samples folder is absent; under ``CI=true`` fail it
+    instead, naming the folder (CI has it: its absence is a broken checkout)."""
+    if SAMPLES.is_dir():
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(
+            f"the third-party samples folder {SAMPLES} (../shared/samples beside the "
+            "repository, or ARBOR_SAMPLES) is missing: under CI=true the tests that read "
+            "it fail instead of skipping",
+            pytrace=False,
+        )
+    pytest.skip(SAMPLES_ABSENT)
+
+
+def samples_dir() -> Path:
+    """The samples folder, for a test that reads it (skipped or failed as
+    ``require_samples`` says when it is absent)."""
+    require_samples()
+    return SAMPLES
 
 
 # --- a density-model fake of compaction/render.py ---------------------------------------

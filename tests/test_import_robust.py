@@ -32,8 +32,10 @@ from conversations.importers.reading import JsonReader
 from conversations.models import Checkpoint, Conversation, Message
 from conversations.parts import clean_messages
 from tests.builders import make_user
-from tests.test_import_samples import SAMPLES, assert_tree_is_valid, path_of, texts
+from tests.sample_loaders import SAMPLES, samples_present
+from tests.test_import_samples import assert_tree_is_valid, path_of, texts
 
+DATA = Path(__file__).parent / "data"
 MEDIA = tempfile.TemporaryDirectory()
 WORK = tempfile.TemporaryDirectory()
 
@@ -82,6 +84,24 @@ def gnode(key: str, parent: str | None, role: str = "user", text: str = "x") -> 
             "content": {"content_type": "text", "parts": [text]},
         },
     }
+
+
+def chatgpt_export(*lengths: int) -> str:
+    """A ChatGPT conversations.json: one linear conversation per length, the user and
+    the assistant taking turns."""
+    docs = []
+    for n, length in enumerate(lengths):
+        mapping: dict[str, Any] = {}
+        parent = None
+        for i in range(length):
+            key = f"c{n}-m{i}"
+            role = "user" if i % 2 == 0 else "assistant"
+            mapping[key] = gnode(key, parent, role, f"message {i} of conversation {n}")
+            if parent is not None:
+                mapping[parent]["children"].append(key)
+            parent = key
+        docs.append({"title": f"conversation {n}", "mapping": mapping, "current_node": parent})
+    return json.dumps(docs)
 
 
 def png() -> bytes:
@@ -352,21 +372,21 @@ class LimitTests(InvariantMixin, TestCase):
         return replace(Limits.from_settings(), **changes)
 
     def test_a_file_over_the_size_limit_is_refused(self) -> None:
-        path = SAMPLES / "chatgpt/librechat__chatgpt-tree.json"
+        path = DATA / "chatgpt/browsing.json"
+        assert path.stat().st_size > 1000
         error = self.run_import(path, limits=self.limits(max_file_bytes=1000))
         assert isinstance(error, ImportTooLarge) and error.status == 413
 
     def test_a_conversation_over_the_message_limit_is_skipped_whole(self) -> None:
         report = self.run_import(
-            SAMPLES / "chatgpt/librechat__chatgpt-modern-export.json",
-            limits=self.limits(max_messages=3),
+            write("two.json", chatgpt_export(2, 6)), limits=self.limits(max_messages=3)
         )
         assert [c.messages for c in report.conversations] == [2]
         assert any("limit is 3" in s["detail"] for s in report.as_dict()["skipped"])
 
     def test_the_conversation_limit_stops_the_file(self) -> None:
         report = self.run_import(
-            SAMPLES / "openwebui/librechat__openwebui-export.json",
+            write("four.json", chatgpt_export(2, 2, 2, 2)),
             limits=self.limits(max_conversations=2),
         )
         assert len(report.conversations) == 2
@@ -401,16 +421,15 @@ class LimitTests(InvariantMixin, TestCase):
                 assert error.code == code, (name, error.code)
 
     def test_a_forced_format_that_does_not_fit_reports_instead_of_crashing(self) -> None:
+        chatgpt_file = DATA / "chatgpt/browsing.json"
         for path, fmt in [
-            (SAMPLES / "pi/pi-mono__compact.jsonl", "chatgpt"),
-            (SAMPLES / "chatgpt/librechat__chatgpt-tree.json", "pi"),
-            (SAMPLES / "chatgpt/librechat__chatgpt-tree.json", "arbor"),
+            (DATA / "sessions/pi-parallel.jsonl", "chatgpt"),
+            (chatgpt_file, "pi"),
+            (chatgpt_file, "arbor"),
         ]:
             outcome = self.run_import(path, format=fmt)
             assert isinstance(outcome, ArborError) or outcome.conversations == []
-        report = self.run_import(
-            SAMPLES / "chatgpt/librechat__chatgpt-tree.json", format="openwebui"
-        )
+        report = self.run_import(chatgpt_file, format="openwebui")
         assert isinstance(report, ArborError) or report.conversations == []
 
 
@@ -426,24 +445,27 @@ class ArrayReaderTests(TestCase):
 
 # --- Hypothesis ----------------------------------------------------------------------
 
-SMALL_SAMPLES = [
-    p.read_bytes() for p in sorted(SAMPLES.rglob("*.json")) if p.stat().st_size < 30_000
-]
-SMALL_SAMPLES += [
-    b"\n".join((SAMPLES / name).read_bytes().split(b"\n")[:40])
-    for name in (
-        "claude-code/claude-code-viewer__fe5e1c67-53e7-4862-81ae-d0e013e3270b.jsonl",
-        "claude-code/claude-code-log__dag_compact_after_rewind.jsonl",
-        "pi/pi-mono__compact.jsonl",
-    )
-]
 # The repository's own real and generated files: today's Claude Code, pi and Codex
 # sessions, a claude.ai export and ChatGPT browsing (every importer is fuzzed).
-SMALL_SAMPLES += [
+SMALL_SAMPLES = [
     p.read_bytes()
-    for p in sorted((Path(__file__).parent / "data").rglob("*"))
+    for p in sorted(DATA.rglob("*"))
     if p.suffix in (".json", ".jsonl") and p.stat().st_size < 40_000
 ]
+# With the third-party samples beside the repository, theirs too (Open WebUI's and older
+# ChatGPT shapes); the fuzz tests do not need them.
+if samples_present():
+    SMALL_SAMPLES += [
+        p.read_bytes() for p in sorted(SAMPLES.rglob("*.json")) if p.stat().st_size < 30_000
+    ]
+    SMALL_SAMPLES += [
+        b"\n".join((SAMPLES / name).read_bytes().split(b"\n")[:40])
+        for name in (
+            "claude-code/claude-code-viewer__fe5e1c67-53e7-4862-81ae-d0e013e3270b.jsonl",
+            "claude-code/claude-code-log__dag_compact_after_rewind.jsonl",
+            "pi/pi-mono__compact.jsonl",
+        )
+    ]
 
 FUZZ = settings(
     max_examples=40,
