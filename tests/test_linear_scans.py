@@ -1,0 +1,105 @@
+"""No scanner on a request path takes time growing faster than its input (issue 31).
+
+Each test times a scanner on 10 KB and on 100 KB of input built to make a backtracking
+regex rescan (one long word of letters, of digits, ``a.`` repeated, unclosed tags...) and
+asserts the CPU time grows at most 15 times for 10 times the input: linear work gives
+about 10, quadratic about 100. CPU time (``time.process_time``), the best of a few
+repeats, each repeat calling the scanner often enough to take a few milliseconds on the
+small input, so a shared machine's load and the clock's grain do not decide the ratio.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from collections.abc import Callable
+
+from django.test import SimpleTestCase
+
+from compaction import ladder
+
+SMALL = 10_000
+LARGE = 100_000
+MAX_RATIO = 15.0
+
+
+def _best_cpu(scan: Callable[[str], object], text: str, calls: int, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.process_time()
+        for _ in range(calls):
+            scan(text)
+        best = min(best, time.process_time() - started)
+    return best
+
+
+def cpu_ratio(scan: Callable[[str], object], make: Callable[[int], str]) -> float:
+    """CPU time of ``scan`` on ``make(LARGE)`` over its time on ``make(SMALL)``."""
+    small, large = make(SMALL), make(LARGE)
+    calls = 1
+    while _best_cpu(scan, small, calls, 1) < 0.005 and calls < 4096:
+        calls *= 2
+    return _best_cpu(scan, large, calls, 3) / max(_best_cpu(scan, small, calls, 3), 1e-9)
+
+
+def repeat(unit: str, tail: str = "") -> Callable[[int], str]:
+    return lambda size: unit * (size // len(unit)) + tail
+
+
+# Inputs that make a backtracking scan restart at each character of one long run.
+ADVERSARIAL: dict[str, Callable[[int], str]] = {
+    "letters": repeat("x"),
+    "letters then a dot": repeat("x", "."),
+    "letters then a digit": repeat("x", "1"),
+    "underscores": repeat("_"),
+    "digits": repeat("1"),
+    "digits then a letter": repeat("1", "x"),
+    "a. repeated": repeat("a."),
+    "1. repeated": repeat("1.", "x"),
+    "camel pairs": repeat("aA"),
+    "dashes after a letter": lambda size: "a" + "-" * size,
+    "colon then digits": lambda size: ":" + "1" * size + "x",
+    "spaces then a letter": lambda size: " " * size + "x",
+    "words": repeat("lorem_ipsum dolorSit amet.consectetur v2beta 1234 "),
+}
+
+# What ``distinctive_tokens`` matched its identifiers with before the linear scan: the
+# reference ``ladder._identifiers`` must agree with on ordinary text.
+_OLD_IDENT_RE = re.compile(
+    r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+"
+    r"|[A-Za-z_][A-Za-z0-9_]*(?:[a-z0-9][A-Z]|_[A-Za-z0-9])[A-Za-z0-9_]*|[A-Za-z]+[0-9][A-Za-z0-9]*"
+)
+
+
+class LadderScanTests(SimpleTestCase):
+    def assert_linear(self, scan: Callable[[str], object]) -> None:
+        for name, make in ADVERSARIAL.items():
+            with self.subTest(input=name):
+                ratio = cpu_ratio(scan, make)
+                assert ratio <= MAX_RATIO, f"{name}: 10x the input took {ratio:.1f}x the CPU"
+
+    def test_it_finds_distinctive_tokens_in_linear_time(self) -> None:
+        # A 20,000-letter word took a minute here (one rescan per letter).
+        self.assert_linear(ladder.distinctive_tokens)
+
+    def test_it_finds_plain_words_in_linear_time(self) -> None:
+        self.assert_linear(ladder.plain_words)
+
+    def test_it_finds_quoted_numbers_in_linear_time(self) -> None:
+        self.assert_linear(ladder.quoted_numbers)
+
+    def test_it_finds_spoken_numbers_in_linear_time(self) -> None:
+        self.assert_linear(ladder.spoken_numbers)
+
+    def test_it_finds_the_same_identifiers_as_the_old_regex(self) -> None:
+        rng = random.Random(31)
+        samples = [
+            "event.firstKeptIndex error.message TodoItem max_tokens v2beta a.b.1c x_1 _a",
+            "3rdParty __init__ foo.__bar__ abc1_dEf a.b. .a _1x9 x9_y Zz9Q_",
+        ]
+        for alphabet in ("aZ1_.", "ab1_. ", "aB_-", "xQ9_./é"):
+            for _ in range(3000):
+                samples.append("".join(rng.choice(alphabet) for _ in range(rng.randint(0, 24))))
+        for text in samples:
+            assert list(ladder._identifiers(text)) == _OLD_IDENT_RE.findall(text), text
