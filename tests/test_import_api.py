@@ -28,8 +28,10 @@ from conversations import api_imports, services
 from conversations.auth import api_auth
 from conversations.models import Conversation, Message
 from tests.builders import make_user, new_conversation
-from tests.test_import_samples import SAMPLES
+from tests.sample_loaders import SAMPLES, requires_samples
 
+DATA = Path(__file__).parent / "data"
+BROWSING = DATA / "chatgpt/browsing.json"
 MEDIA = tempfile.TemporaryDirectory()
 
 
@@ -63,14 +65,16 @@ class ImportApiTests(TestCase):
     def client_for(self, secret: str) -> Client:
         return Client(enforce_csrf_checks=True, HTTP_AUTHORIZATION=f"Bearer {secret}")
 
-    def upload(self, client: Client, sample: str, **fields: Any) -> Any:
-        data = (SAMPLES / sample).read_bytes()
-        upload = SimpleUploadedFile(Path(sample).name, data, content_type="application/json")
+    def upload(self, client: Client, path: Path, **fields: Any) -> Any:
+        data = path.read_bytes()
+        upload = SimpleUploadedFile(path.name, data, content_type="application/json")
         return client.post("/api/imports", {"file": upload, **fields})
 
+    @requires_samples
     def test_it_imports_an_upload_and_answers_with_the_report(self) -> None:
         response = self.upload(
-            self.client_for(self.alice_secret), "chatgpt/librechat__chatgpt-modern-export.json"
+            self.client_for(self.alice_secret),
+            SAMPLES / "chatgpt/librechat__chatgpt-modern-export.json",
         )
         assert response.status_code == 201, response.content
         body = response.json()
@@ -83,15 +87,17 @@ class ImportApiTests(TestCase):
         assert sorted(str(c.pk) for c in owned) == sorted(body["conversation_ids"])
         assert not Conversation.objects.filter(owner=self.bob).exists()
 
+    @requires_samples
     def test_the_format_can_be_forced(self) -> None:
         client = self.client_for(self.alice_secret)
-        response = self.upload(client, "pi/pi-mono__compact.jsonl", format="pi")
+        response = self.upload(client, SAMPLES / "pi/pi-mono__compact.jsonl", format="pi")
         assert response.status_code == 201
         report = response.json()["conversations"][0]
         assert (report["messages"], report["images"], report["compaction_markers"]) == (1007, 3, 2)
         assert report["tip_rule"].startswith("newest leaf")
         assert len(report["flagged"]) == 3
 
+    @requires_samples
     def test_a_raw_body_is_accepted(self) -> None:
         data = (SAMPLES / "openwebui/openwebui-importer__webui-json.json").read_bytes()
         response = self.client_for(self.alice_secret).post(
@@ -121,9 +127,7 @@ class ImportApiTests(TestCase):
 
     @override_settings(ARBOR_IMPORT_MAX_FILE_BYTES=1000)
     def test_an_upload_over_the_limit_is_413(self) -> None:
-        response = self.upload(
-            self.client_for(self.alice_secret), "chatgpt/librechat__chatgpt-tree.json"
-        )
+        response = self.upload(self.client_for(self.alice_secret), BROWSING)
         assert response.status_code == 413
         assert response.json()["error"] == "import_too_large"
         raw = self.client_for(self.alice_secret).post(
@@ -133,7 +137,7 @@ class ImportApiTests(TestCase):
         assert not Conversation.objects.exists()
 
     def test_anonymous_callers_are_refused(self) -> None:
-        response = self.upload(Client(), "chatgpt/librechat__chatgpt-tree.json")
+        response = self.upload(Client(), BROWSING)
         assert response.status_code == 401
         assert response.json()["error"] == "unauthorized"
         conv, _ = new_conversation(self.alice, "a>b")
@@ -143,7 +147,7 @@ class ImportApiTests(TestCase):
     def test_a_browser_session_needs_the_csrf_token(self) -> None:
         client = Client(enforce_csrf_checks=True)
         client.force_login(self.alice)
-        response = self.upload(client, "chatgpt/librechat__chatgpt-tree.json")
+        response = self.upload(client, BROWSING)
         assert response.status_code == 403
         assert not Conversation.objects.exists()
 
@@ -165,7 +169,7 @@ class ImportApiTests(TestCase):
 
     def test_an_export_reimported_through_the_api_is_identical(self) -> None:
         client = self.client_for(self.alice_secret)
-        created = self.upload(client, "claude-code/claude-code-log__dag_compact_after_rewind.jsonl")
+        created = self.upload(client, DATA / "sessions/claude-code-2.1-parallel.jsonl")
         (cid,) = created.json()["conversation_ids"]
         first = client.get(f"/api/conversations/{cid}/export").content
         again = client.post(
@@ -200,6 +204,7 @@ class ImportCommandTests(TestCase):
         call_command("import_transcripts", *args, stdout=out, stderr=err)
         return out.getvalue(), err.getvalue()
 
+    @requires_samples
     def test_it_imports_several_files_with_progress_on_stderr(self) -> None:
         out, err = self.run_command(
             str(SAMPLES / "chatgpt/librechat__chatgpt-tree.json"),
@@ -214,6 +219,7 @@ class ImportCommandTests(TestCase):
         assert Conversation.objects.filter(owner=self.user).count() == 2
         assert Message.objects.count() == 11 + 12
 
+    @requires_samples
     def test_json_output_and_a_forced_format(self) -> None:
         out, _ = self.run_command(
             str(SAMPLES / "openwebui/librechat__openwebui-export.json"),
@@ -226,6 +232,7 @@ class ImportCommandTests(TestCase):
         (report,) = json.loads(out)
         assert report["format"] == "openwebui" and len(report["conversation_ids"]) == 3
 
+    @requires_samples
     def test_running_it_twice_imports_twice(self) -> None:
         sample = str(SAMPLES / "openwebui/openwebui-importer__webui-json.json")
         self.run_command(sample, "--user", "alice")
@@ -233,7 +240,7 @@ class ImportCommandTests(TestCase):
         assert Conversation.objects.count() == 2
 
     def test_clear_errors(self) -> None:
-        sample = str(SAMPLES / "chatgpt/librechat__chatgpt-tree.json")
+        sample = str(BROWSING)
         with pytest.raises(CommandError, match="no user named 'nobody'"):
             self.run_command(sample, "--user", "nobody")
         with pytest.raises(CommandError, match="no such file"):

@@ -4,7 +4,9 @@ text stays in the order it was written, and a file cut short says so in words (a
 "truncated" when nothing in it is complete; at the top of the report otherwise).
 
 tests/data/chatgpt/browsing.json is made by make_browsing.py beside it, shaped after
-real exports of the 2023 ``browser`` tool and the 2024+ ``web`` tool.
+real exports of the 2023 ``browser`` tool and the 2024+ ``web`` tool. The files cut
+short are cut from the repository's own data (tests/data, or made here), never from the
+third-party samples: a fresh clone has those tests too.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from tests.builders import make_user
 
 DATA = Path(__file__).parent / "data"
 BROWSING = DATA / "chatgpt" / "browsing.json"
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
+CODEX = DATA / "codex" / "codex-compacted.jsonl"
 MEDIA = tempfile.TemporaryDirectory()
 
 
@@ -36,6 +38,45 @@ def write(name: str, data: bytes | str) -> Path:
     path = Path(tempfile.mkdtemp()) / name
     path.write_bytes(data.encode() if isinstance(data, str) else data)
     return path
+
+
+def openwebui_chat(turns: int = 6) -> bytes:
+    """One Open WebUI chat as its "Export chat (.json)" writes it (a single document,
+    shaped after a real export): a message tree keyed by id, the current one named."""
+    messages: dict[str, Any] = {}
+    parent = None
+    for i in range(turns):
+        key = f"00000000-0000-4000-8000-{i:012d}"
+        role = "user" if i % 2 == 0 else "assistant"
+        text = (
+            f"Question {i}: what did the ruling say?"
+            if role == "user"
+            else (f"Answer {i}: the principle is named after a 1964 controversy. " * 8)
+        )
+        messages[key] = {
+            "id": key,
+            "parentId": parent,
+            "childrenIds": [],
+            "role": role,
+            "content": text,
+            "timestamp": 1744577557 + i,
+            "models": ["demo/model"],
+        }
+        if parent is not None:
+            messages[parent]["childrenIds"].append(key)
+        parent = key
+    chat = {
+        "id": "",
+        "title": "A made-up chat",
+        "models": ["demo/model"],
+        "params": {},
+        "history": {"messages": messages, "currentId": parent},
+        "messages": list(messages.values()),
+        "tags": [],
+        "timestamp": 1744577557,
+        "files": [],
+    }
+    return json.dumps(chat, indent=4).encode()
 
 
 def path_of(conversation: Conversation) -> list[Message]:
@@ -202,7 +243,8 @@ class OpenWebUIOrderTests(TestCase):
 @override_settings(MEDIA_ROOT=MEDIA.name, ARBOR_INPROCESS_JOBS="inline")
 class TruncatedFileTests(TestCase):
     def test_a_chatgpt_file_cut_inside_its_first_conversation_says_so(self) -> None:
-        data = (SAMPLES / "chatgpt" / "openwebui-importer__gpt_example.json").read_bytes()
+        data = BROWSING.read_bytes()
+        assert data.index(b'"browse-2025"') > 3000  # the cut is inside the first one
         cut = write("conversations.json", data[:3000])
         with self.assertRaises(ImportRejected) as caught:
             transcript_import(owner_id=make_user().pk, path=cut)
@@ -213,7 +255,7 @@ class TruncatedFileTests(TestCase):
     def test_through_the_api_it_is_a_422_naming_the_cut(self) -> None:
         user = make_user()
         _, secret = services.api_token_create(user=user, name="t")
-        data = (SAMPLES / "chatgpt" / "openwebui-importer__gpt_example.json").read_bytes()
+        data = BROWSING.read_bytes()
         response = self.client.post(
             "/api/imports",
             {"file": SimpleUploadedFile("conversations.json", data[:3000])},
@@ -225,9 +267,11 @@ class TruncatedFileTests(TestCase):
         self.assertIn("byte 3000", json.dumps(body))
 
     def test_a_single_document_cut_short_says_truncated(self) -> None:
-        data = (SAMPLES / "openwebui" / "openwebui-importer__webui-json.json").read_bytes()
+        data, user = openwebui_chat(), make_user()
+        whole = transcript_import(owner_id=user.pk, path=write("whole.json", data))
+        self.assertEqual((whole.format, whole.conversations[0].messages), ("openwebui", 6))
         with self.assertRaises(ImportRejected) as caught:
-            transcript_import(owner_id=make_user().pk, path=write("chat.json", data[:2000]))
+            transcript_import(owner_id=user.pk, path=write("chat.json", data[:2000]))
         self.assertEqual(caught.exception.code, "truncated")
 
     def test_a_list_cut_later_keeps_what_came_before_and_says_what_was_lost(self) -> None:
@@ -241,10 +285,11 @@ class TruncatedFileTests(TestCase):
         self.assertEqual(report.as_dict()["truncated"], report.truncated)
 
     def jsonl_cut(self) -> tuple[bytes, int]:
-        data = (SAMPLES / "pi" / "pi-mono__compact.jsonl").read_bytes()
-        lines = data.split(b"\n")
-        kept = b"\n".join(lines[:40]) + b"\n"
-        return kept + lines[40][:100], 41
+        """A real Codex session (tests/data/codex) cut inside its line 21."""
+        lines = CODEX.read_bytes().split(b"\n")
+        assert len(lines[20]) > 100
+        kept = b"\n".join(lines[:20]) + b"\n"
+        return kept + lines[20][:100], 21
 
     def test_a_jsonl_cut_imports_what_came_before_and_says_so(self) -> None:
         data, line = self.jsonl_cut()
@@ -289,7 +334,7 @@ class OddValueTests(TestCase):
         self.assertEqual(len(report.conversations), 2)
 
     def test_a_line_ending_in_garbage_is_corrupt_not_cut(self) -> None:
-        data = (SAMPLES / "pi" / "pi-mono__compact.jsonl").read_bytes()
+        data = (DATA / "sessions" / "pi-parallel.jsonl").read_bytes()
         lines = data.split(b"\n")[:10]
         report = transcript_import(
             owner_id=make_user().pk,

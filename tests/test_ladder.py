@@ -38,7 +38,13 @@ from compaction.ladder import (
     strip_images,
     summarize_middle,
 )
-from tests.sample_loaders import DensityRenderer, Sample, load_samples
+from tests.sample_loaders import (
+    DensityRenderer,
+    Sample,
+    load_samples,
+    requires_samples,
+    samples_present,
+)
 
 VISION = ModelInfo(context_window=200_000, max_output=8_000, vision=True, image_billing="claude")
 BLIND = ModelInfo(context_window=200_000, max_output=8_000, vision=False, image_billing="claude")
@@ -787,8 +793,12 @@ class TestPromises:
 # --- the real samples -------------------------------------------------------------------------
 
 
-SAMPLES = {s.name: s for s in load_samples()}
-LARGE = [name for name, s in SAMPLES.items() if len(s.messages) > 100]
+# Without the third-party samples each test below keeps one placeholder case, skipped by
+# its mark before it runs.
+ABSENT = "samples-absent"
+SAMPLES = {s.name: s for s in load_samples()} if samples_present() else {}
+LARGE = [name for name, s in SAMPLES.items() if len(s.messages) > 100] if SAMPLES else [ABSENT]
+SMALL = sorted(set(SAMPLES) - set(LARGE)) if SAMPLES else [ABSENT]
 
 
 def renderers() -> Iterator[Any]:
@@ -813,10 +823,12 @@ def sample_view(sample: Sample, budget_share: float) -> ContextView:
     )
 
 
+@requires_samples
 def test_the_large_samples_are_there():
     assert {"pi"} <= set(LARGE) and len(LARGE) >= 2
 
 
+@requires_samples
 @pytest.mark.parametrize("make_render", list(renderers()))
 @pytest.mark.parametrize("name", LARGE)
 def test_free_rungs_cut_three_quarters_of_a_real_session(name, make_render):
@@ -848,6 +860,7 @@ def test_free_rungs_cut_three_quarters_of_a_real_session(name, make_render):
     assert elided <= ids
 
 
+@requires_samples
 @pytest.mark.parametrize("name", LARGE)
 def test_narration_survives_the_free_rungs_on_a_real_session(name):
     sample = SAMPLES[name]
@@ -861,7 +874,8 @@ def test_narration_survives_the_free_rungs_on_a_real_session(name):
         assert text in in_view or text in rendered
 
 
-@pytest.mark.parametrize("name", sorted(set(SAMPLES) - set(LARGE)))
+@requires_samples
+@pytest.mark.parametrize("name", SMALL)
 def test_small_real_sessions_fit_untouched_or_compact_without_loss(name):
     sample = SAMPLES[name]
     fits = sample_view(sample, 1.0)
@@ -872,6 +886,7 @@ def test_small_real_sessions_fit_untouched_or_compact_without_loss(name):
     assert narration(result.view.messages[:1]) == narration(sample.messages[:1])
 
 
+@requires_samples
 @pytest.mark.parametrize("name", LARGE)
 def test_summary_requests_on_a_real_session_fit_the_window(name):
     sample = SAMPLES[name]
