@@ -8,13 +8,18 @@ Arbor's, from the environment (the model registry names the variable).
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import os
 import weakref
 from collections.abc import AsyncIterator, Mapping
+from urllib.parse import urlsplit
 
 import aiohttp
 
 from conversations.providers import ModelSpec, read_api_key
+
+log = logging.getLogger("arbor.gateway")
 
 _DROP = {
     "host",
@@ -106,6 +111,50 @@ class Response:
             self._response.close()
 
 
+class Refusal:
+    """An answer Arbor gives in the upstream's place, with the interface of
+    :class:`Response`: the upstream's redirect, which is not followed (see ``send``).
+
+    Its body is an error both protocols' SDKs read: Anthropic's shape (``type``,
+    ``error.type``, ``error.message``) with OpenAI's fields (``param``, ``code``) beside."""
+
+    def __init__(self, status: int, message: str, *, code: str) -> None:
+        self.status_code = status
+        self.headers: Mapping[str, str] = {"content-type": "application/json"}
+        error = {"type": "api_error", "message": message, "param": None, "code": code}
+        self._body = json.dumps({"type": "error", "error": error}).encode()
+
+    async def aread(self) -> bytes:
+        return self._body
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        yield self._body
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _redirect_refusal(response: aiohttp.ClientResponse) -> Refusal:
+    location = response.headers.get("location", "")
+    # The host only, for the operator's log: never a query or userinfo (a signed URL's
+    # token), and nothing of it for the client.
+    target = urlsplit(location).hostname or "the same host"
+    log.warning(
+        "gateway: the upstream %s answered %d (a redirect to %s); not followed: Arbor "
+        "sends its key only to the configured base URL",
+        response.url.host,
+        response.status,
+        target,
+    )
+    return Refusal(
+        502,
+        f"the upstream answered HTTP {response.status} (a redirect); Arbor does not follow "
+        "redirects with its key: the operator must point the model's base URL at the "
+        "final address",
+        code="upstream_redirect",
+    )
+
+
 # One connection pool per event loop (uvicorn runs one; a test client makes one a
 # request), dropped with its loop. aiohttp rather than httpx: with its C HTTP parser a
 # gateway request costs ~1.6-2 ms less than through httpx over pure-Python h11 (the two
@@ -141,6 +190,15 @@ async def close_sessions() -> None:
         await found.close()
 
 
-async def send(url: str, headers: Mapping[str, str], content: bytes) -> Response:
-    """POST and return the response with its body not yet read (stream it, or read)."""
-    return Response(await session().post(url, data=content, headers=dict(headers)))
+async def send(url: str, headers: Mapping[str, str], content: bytes) -> Response | Refusal:
+    """POST and return the response with its body not yet read (stream it, or read).
+
+    Redirects are not followed: the request carries Arbor's key, and a 3xx would send
+    it (with the user's conversation) wherever the upstream points. A 3xx is answered
+    as a 502 naming it instead (:class:`Refusal`)."""
+    response = await session().post(url, data=content, headers=dict(headers), allow_redirects=False)
+    if 300 <= response.status < 400:
+        refusal = _redirect_refusal(response)
+        response.close()  # nothing of a redirecting upstream's connection is reused
+        return refusal
+    return Response(response)

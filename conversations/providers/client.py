@@ -335,6 +335,18 @@ def _status_error(
     status = exc.status_code
     headers = exc.response.headers
     request_id = headers.get("x-request-id") or headers.get("request-id")
+    if 300 <= status < 400:
+        # Not followed (the client's follow_redirects=False): the body is the
+        # redirecting server's, not an error worth showing.
+        return ProviderError(
+            f"the model provider answered HTTP {status} (a redirect); Arbor does not follow "
+            "redirects with its key: the operator must point the model's base URL at the "
+            "final address",
+            code="provider_redirect",
+            status=status,
+            provider=provider,
+            request_id=request_id,
+        )
     message, code = _error_fields(exc.body)
     message = message or f"the provider answered HTTP {status}"
     common: dict[str, Any] = {
@@ -599,6 +611,10 @@ class OpenAIProvider(Provider):
             timeout=self.settings.httpx_timeout(),
             event_hooks=self._hooks(),
             transport=self._transport,
+            # The SDKs follow redirects by default, and httpx strips only Authorization
+            # on a cross-origin hop: x-api-key (and the body) would go wherever a 3xx
+            # points. Not followed; a 3xx is an error (_status_error).
+            follow_redirects=False,
         )
 
     def _kwargs(self, request: Request) -> dict[str, Any]:
@@ -685,6 +701,10 @@ class AnthropicProvider(Provider):
             timeout=self.settings.httpx_timeout(),
             event_hooks=self._hooks(),
             transport=self._transport,
+            # The SDKs follow redirects by default, and httpx strips only Authorization
+            # on a cross-origin hop: x-api-key (and the body) would go wherever a 3xx
+            # points. Not followed; a 3xx is an error (_status_error).
+            follow_redirects=False,
         )
 
     def _kwargs(self, request: Request) -> dict[str, Any]:
