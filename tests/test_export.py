@@ -1,6 +1,8 @@
 """Exports: Arbor JSON round-trips byte for byte (export → import → export) for every
-imported sample and for a native conversation with branches, checkpoints and images; a
-ChatGPT export re-imports to the same tree; Markdown shows the current branch."""
+imported file (the repository's own real sessions and exports, and the third-party
+samples when they are beside it) and for a native conversation with branches,
+checkpoints and images; a ChatGPT export re-imports to the same tree; Markdown shows the
+current branch."""
 
 from __future__ import annotations
 
@@ -18,7 +20,21 @@ from conversations.exporters import conversation_export, ordered_messages
 from conversations.importers import transcript_import
 from conversations.models import Checkpoint, Conversation, Message
 from tests.builders import build_tree, make_user, new_conversation, text
-from tests.test_import_samples import ALL_SAMPLES, SAMPLES
+from tests.sample_loaders import requires_samples
+from tests.test_import_samples import ALL_SAMPLES
+
+DATA = Path(__file__).parent / "data"
+# Files the repository holds: sessions the real CLIs wrote, a claude.ai export, Codex
+# rollouts and generated ChatGPT browsing (tests/data).
+OWN_FILES = [
+    DATA / "chatgpt/browsing.json",
+    DATA / "claudeai/conversations.json",
+    DATA / "codex/codex-compacted.jsonl",
+    DATA / "codex/codex-parallel.jsonl",
+    DATA / "sessions/claude-code-2.1-parallel.jsonl",
+    DATA / "sessions/claude-code-2.1-subagent/12e3243d-21d4-4122-8336-869594c2c067.jsonl",
+    DATA / "sessions/pi-parallel.jsonl",
+]
 
 
 def png(seed: int) -> bytes:
@@ -68,9 +84,10 @@ class ExportTestCase(ExportSetup):
 
 
 class ArborRoundTripTests(ExportTestCase):
-    def test_every_imported_sample_round_trips_byte_for_byte(self) -> None:
-        for sample in ALL_SAMPLES:
-            report = transcript_import(owner_id=self.user.pk, path=sample)
+    def check_round_trips(self, files: list[Path]) -> None:
+        assert files
+        for sample in files:
+            report = transcript_import(owner_id=self.user.pk, path=sample, duplicates="copy")
             assert report.conversation_ids, sample
             for cid in report.conversation_ids:
                 with self.subTest(sample=sample.name, conversation=str(cid)):
@@ -86,6 +103,13 @@ class ArborRoundTripTests(ExportTestCase):
                         "id", flat=True
                     )[:50]:
                         assert str(mid) not in first.decode()
+
+    def test_every_imported_file_of_the_repository_round_trips_byte_for_byte(self) -> None:
+        self.check_round_trips(OWN_FILES)
+
+    @requires_samples
+    def test_every_imported_sample_round_trips_byte_for_byte(self) -> None:
+        self.check_round_trips(ALL_SAMPLES)
 
     def test_importing_the_same_export_twice_makes_two_conversations(self) -> None:
         conv, _ = new_conversation(self.user, "a>b>c, b>d", tip="c")
@@ -174,9 +198,10 @@ class ArborRoundTripTests(ExportTestCase):
 
 
 class ChatGptExportTests(ExportTestCase):
-    def test_a_chatgpt_export_reimports_to_the_same_tree(self) -> None:
-        for sample in ALL_SAMPLES:
-            report = transcript_import(owner_id=self.user.pk, path=sample)
+    def check_reimports(self, files: list[Path]) -> None:
+        assert files
+        for sample in files:
+            report = transcript_import(owner_id=self.user.pk, path=sample, duplicates="copy")
             for cid in report.conversation_ids:
                 with self.subTest(sample=sample.name, conversation=str(cid)):
                     original = Conversation.objects.get(pk=cid)
@@ -187,6 +212,13 @@ class ChatGptExportTests(ExportTestCase):
                     (copy,) = self.reimport(content, "conversations.json")
                     assert copy.title == original.title
                     assert self.shape(copy) == self.shape(original)
+
+    def test_a_chatgpt_export_of_the_repositorys_files_reimports_to_the_same_tree(self) -> None:
+        self.check_reimports(OWN_FILES)
+
+    @requires_samples
+    def test_a_chatgpt_export_reimports_to_the_same_tree(self) -> None:
+        self.check_reimports(ALL_SAMPLES)
 
     def test_the_file_reads_like_chatgpt_without_the_arbor_metadata(self) -> None:
         conv, _ = new_conversation(self.user, "a>b>c, b>d", tip="c")
@@ -218,14 +250,20 @@ class MarkdownExportTests(ExportTestCase):
         assert "tell me more" in body and "other" not in body
 
     def test_it_renders_tool_traffic_in_fences(self) -> None:
+        # Claude Code's session: Bash calls and their results (tests/data/sessions).
         report = transcript_import(
-            owner_id=self.user.pk, path=SAMPLES / "openwebui/librechat__openwebui-export.json"
+            owner_id=self.user.pk, path=DATA / "sessions/claude-code-2.1-parallel.jsonl"
         )
-        conv = Conversation.objects.get(pk=report.conversation_ids[1])
+        conv = Conversation.objects.get(pk=report.conversation_ids[0])
         body = self.export(conv, "markdown").decode()
-        assert "**Tool call** `get_weather` (call_1)" in body
-        assert '"city": "Paris"' in body
-        assert "**Tool result** for call_1\n\n```\nParis: 18C, rain\n```" in body
+        parts = [p for m in ordered_messages(conv) for p in m.parts]
+        call = next(p for p in parts if p["type"] == "tool_call")
+        result = next(p for p in parts if p["type"] == "tool_result" and p["call_id"] == call["id"])
+        output = "".join(q["text"] for q in result["parts"] if q["type"] == "text")
+        assert call["name"] == "Bash" and "echo letter" in json.dumps(call["arguments"])
+        assert f"**Tool call** `Bash` ({call['id']})" in body
+        assert json.dumps(call["arguments"]["command"]) in body
+        assert f"**Tool result** for {call['id']}\n\n```\n{output.strip()}" in body
 
     def test_an_unknown_format_is_refused(self) -> None:
         conv, _ = new_conversation(self.user, "a")

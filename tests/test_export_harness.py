@@ -2,10 +2,11 @@
 session file each harness writes, so it goes on in the tool.
 
 - Round trips: the real session files the CLIs wrote (tests/data/sessions), the shared
-  samples (one with a Claude Code compaction after a rewind, pi's v1 file with two
-  compactions) and a tree made in Arbor (parallel tool calls, an error result, images,
-  signed thinking, an edited prompt, a fork) are exported and imported again: the same
-  tree (roles, parts, parents) and the same tip, in their own format and across.
+  samples when they are beside the repository (one with a Claude Code compaction after a
+  rewind, pi's v1 file with two compactions) and a tree made in Arbor (parallel tool
+  calls, an error result, images, signed thinking, an edited prompt, a fork) are exported
+  and imported again: the same tree (roles, parts, parents) and the same tip, in their
+  own format and across.
 - The file itself: the tip's line is the last message line, compaction markers are the
   tool's own records, an inner tip is named so the tool resumes there.
 - Real resume: the exported file is handed to the real `claude --resume` and
@@ -40,18 +41,18 @@ from conversations.providers.fake import FakeLLMServer, Step, anthropic_pairing_
 from conversations.session_export import claude_project_dir
 from tests import harness_sessions
 from tests.builders import text
+from tests.sample_loaders import SAMPLES, requires_samples
 from tests.test_export import ExportSetup
-from tests.test_import_samples import SAMPLES
 
 DATA = Path(__file__).parent / "data" / "sessions"
 CLAUDE_FILE = DATA / "claude-code-2.1-parallel.jsonl"
 PI_FILE = DATA / "pi-parallel.jsonl"
+# The third-party samples (tests marked requires_samples read them).
 CLAUDE_SAMPLES = [
-    CLAUDE_FILE,
     SAMPLES / "claude-code/claude-code-log__dag_compact_after_rewind.jsonl",
     SAMPLES / "claude-code/claude-code-viewer__fe5e1c67-53e7-4862-81ae-d0e013e3270b.jsonl",
 ]
-PI_SAMPLES = [PI_FILE, SAMPLES / "pi/pi-mono__compact.jsonl"]
+PI_SAMPLES = [SAMPLES / "pi/pi-mono__compact.jsonl"]
 FORMATS = ("claude-code", "pi")
 
 
@@ -215,17 +216,31 @@ class SessionExportCase(ExportSetup):
 
 
 class RoundTripTests(SessionExportCase):
-    def test_claude_code_sessions_come_back_as_the_same_tree(self) -> None:
-        for sample in CLAUDE_SAMPLES:
+    def check_claude_code(self, files: list[Path]) -> None:
+        for sample in files:
             for conv in self.imported(sample):
                 with self.subTest(sample=sample.name, conversation=conv.title):
                     self.assert_round_trip(conv, "claude-code")
 
-    def test_pi_sessions_come_back_as_the_same_tree(self) -> None:
-        for sample in PI_SAMPLES:
+    def check_pi(self, files: list[Path]) -> None:
+        for sample in files:
             (conv,) = self.imported(sample)
             with self.subTest(sample=sample.name):
                 self.assert_round_trip(conv, "pi")
+
+    def test_claude_code_sessions_come_back_as_the_same_tree(self) -> None:
+        self.check_claude_code([CLAUDE_FILE])
+
+    def test_pi_sessions_come_back_as_the_same_tree(self) -> None:
+        self.check_pi([PI_FILE])
+
+    @requires_samples
+    def test_the_claude_code_samples_come_back_as_the_same_tree(self) -> None:
+        self.check_claude_code(CLAUDE_SAMPLES)
+
+    @requires_samples
+    def test_the_pi_sample_comes_back_as_the_same_tree(self) -> None:
+        self.check_pi(PI_SAMPLES)
 
     def test_the_harness_files_cross_over(self) -> None:
         for sample, fmt in ((CLAUDE_FILE, "pi"), (PI_FILE, "claude-code")):
@@ -409,6 +424,7 @@ class FileShapeTests(SessionExportCase):
         assert copy.title == "Greek letters"
         assert list(copy.checkpoints.values_list("label", flat=True)) == ["letters"]
 
+    @requires_samples
     def test_compaction_markers_are_the_tools_own_records(self) -> None:
         (conv,) = self.imported(SAMPLES / "pi/pi-mono__compact.jsonl")
         lines = rows(conversation_export(conversation=conv, format="pi").content)
@@ -609,6 +625,7 @@ class ClaudeCodeResumeTests(HarnessResumeCase):
         self.assert_holds(messages, conv, nodes["answer"].id)
         assert "Delta is next." not in json.dumps(messages)
 
+    @requires_samples
     def test_it_starts_again_at_its_own_compaction(self) -> None:
         (conv,) = self.imported(
             SAMPLES / "claude-code/claude-code-log__dag_compact_after_rewind.jsonl"
@@ -669,6 +686,7 @@ class PiResumeTests(HarnessResumeCase):
         self.assert_holds(messages, conv, nodes["answer"].id)
         assert "Delta is next." not in json.dumps(messages)
 
+    @requires_samples
     def test_it_keeps_what_its_own_compaction_kept(self) -> None:
         (conv,) = self.imported(SAMPLES / "pi/pi-mono__compact.jsonl")
         assert conv.tip is not None and conv.tip.parent_id is not None
