@@ -44,9 +44,16 @@ from conversations.importers.media import url_image
 from conversations.importers.reading import parse_documents
 
 FORMAT = "openwebui"
-_DETAILS = re.compile(r"<details\b([^>]*)>(.*?)</details>", re.DOTALL | re.IGNORECASE)
-_SUMMARY = re.compile(r"<summary>.*?</summary>", re.DOTALL | re.IGNORECASE)
-_ATTR = re.compile(r'([\w-]+)="([^"]*)"')
+# ``<details …>body</details>`` and ``<summary>…</summary>`` are found tag by tag
+# (``_blocks``), not with ``<details\b[^>]*>.*?</details>``: that regex rescans to the
+# end of the text from every opening without a closing tag (16,000 of them in 140 KB
+# took a minute). An attribute name is tried only where a name can begin, for the same
+# reason (``[\w-]+="`` from each letter of a long word).
+_DETAILS_OPEN = re.compile(r"<details\b", re.IGNORECASE)
+_DETAILS_CLOSE = re.compile(r"</details>", re.IGNORECASE)
+_SUMMARY_OPEN = re.compile(r"<summary>", re.IGNORECASE)
+_SUMMARY_CLOSE = re.compile(r"</summary>", re.IGNORECASE)
+_ATTR = re.compile(r'(?<![\w-])([\w-]+)="([^"]*)"')
 
 
 def parse(path: Path, *, report: ImportReport, limits: Limits) -> Iterator[SourceConversation]:
@@ -218,20 +225,52 @@ def _from_output(output: list[Any]) -> list[tuple[str, list[Part]]]:
     return steps
 
 
+def _blocks(
+    text: str, opening: re.Pattern[str], closing: re.Pattern[str], *, head: bool
+) -> Iterator[tuple[int, int, str, str]]:
+    """Each ``<tag …>body</tag>`` of ``text`` as (start, end, attributes, body): the first
+    closing tag after an opening one ends it (nesting is not counted), and the text after
+    a block is searched from its end. With ``head``, the opening tag's attributes run to
+    its first ``>``. One pass: once an opening has no ``>`` or no closing tag after it, no
+    later one has."""
+    pos = 0
+    while (found := opening.search(text, pos)) is not None:
+        start = inside = found.end()
+        if head:
+            inside = text.find(">", start) + 1
+            if not inside:
+                return
+        close = closing.search(text, inside)
+        if close is None:
+            return
+        attributes = text[start : inside - 1] if head else ""
+        yield found.start(), close.end(), attributes, text[inside : close.start()]
+        pos = close.end()
+
+
+def _without_summaries(body: str) -> str:
+    pieces, at = [], 0
+    for start, end, _, _ in _blocks(body, _SUMMARY_OPEN, _SUMMARY_CLOSE, head=False):
+        pieces.append(body[at:start])
+        at = end
+    pieces.append(body[at:])
+    return "".join(pieces)
+
+
 def _segments(content: str) -> list[tuple[str, str, dict[str, str]]]:
     """``content`` in order: ("text", text, {}) for the prose between ``<details>``
     blocks and ("details", body, attributes) for each block."""
     out: list[tuple[str, str, dict[str, str]]] = []
     at = 0
-    for match in _DETAILS.finditer(content):
-        attrs = dict(_ATTR.findall(match.group(1)))
+    for start, end, head, body in _blocks(content, _DETAILS_OPEN, _DETAILS_CLOSE, head=True):
+        attrs = dict(_ATTR.findall(head))
         if attrs.get("type") not in ("reasoning", "tool_calls"):
             continue  # a <details> the model wrote, or one of another kind: kept as text
-        text = content[at : match.start()].strip()
+        text = content[at:start].strip()
         if text:
             out.append(("text", text, {}))
-        out.append(("details", match.group(2), attrs))
-        at = match.end()
+        out.append(("details", body, attrs))
+        at = end
     text = content[at:].strip()
     if text:
         out.append(("text", text, {}))
@@ -246,7 +285,7 @@ def _from_content(content: str) -> list[tuple[str, list[Part]]]:
         if kind == "text":
             steps.append(("assistant", [text_part(body)]))
             continue
-        body = html.unescape(_SUMMARY.sub("", body)).strip()
+        body = html.unescape(_without_summaries(body)).strip()
         if attrs.get("type") == "reasoning":
             lines = [ln[2:] if ln.startswith("> ") else ln.lstrip(">") for ln in body.split("\n")]
             steps.append(("assistant", [thinking_part("\n".join(lines).strip())]))
