@@ -41,6 +41,7 @@ agent turn), the tail is cut at a safe boundary inside it.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -151,6 +152,16 @@ class CompactionError(Exception):
         self.result = result
 
 
+class SummaryTooLong(Exception):
+    """A summariser's answer: the provider rejected the summary request as too long
+    (its count, and the window it enforces, where its error said them)."""
+
+    def __init__(self, measured: int | None, limit: int | None) -> None:
+        super().__init__(f"summary request rejected: {measured} tokens > {limit}")
+        self.measured = measured
+        self.limit = limit
+
+
 # --- the view ----------------------------------------------------------------------------
 
 
@@ -186,6 +197,9 @@ class ContextView:
     tools: tuple[Mapping[str, Any], ...] = ()
     blob_sizes: Mapping[str, int] = field(default_factory=dict)
     source: tuple[Message, ...] = ()
+    # Whether the model is offered a tool that fetches archived originals by id (the
+    # chat's ``recall``): only then do page and summary headers say it can.
+    recall: bool = True
 
     @classmethod
     def build(
@@ -222,6 +236,20 @@ class ContextView:
     def estimate(self) -> int:
         """Calibrated estimate of the whole request, in provider tokens."""
         return self.calibration.apply(self.raw_tokens)
+
+    @cached_property
+    def fixed_tokens(self) -> int:
+        """Calibrated estimate of what every request carries whatever the rungs do: the
+        system prompt, the tool definitions and the request's overhead."""
+        raw = request_tokens((), rule=self.rule, system=self.system, tools=self.tools)
+        return self.calibration.apply(raw)
+
+    @property
+    def history_budget(self) -> int:
+        """The budget's room for the messages: head, tail and the middle's pages or
+        summary share it (a harness's fixed part is often most of the budget, and never
+        what the rungs may squeeze)."""
+        return max(0, self.budget_tokens - self.fixed_tokens)
 
     def estimate_messages(self, messages: Iterable[Message]) -> int:
         """Calibrated estimate of some messages alone (no request overhead)."""
@@ -889,8 +917,8 @@ def split_view(
 ) -> Split:
     """Where the head ends and the tail starts (budgets in calibrated tokens)."""
     n = len(view.messages)
-    head_budget = int(view.budget_tokens * HEAD_SHARE) if head_budget is None else head_budget
-    tail_budget = int(view.budget_tokens * TAIL_SHARE) if tail_budget is None else tail_budget
+    head_budget = int(view.history_budget * HEAD_SHARE) if head_budget is None else head_budget
+    tail_budget = int(view.history_budget * TAIL_SHARE) if tail_budget is None else tail_budget
     cal = view.calibration
     raw = view.message_raw
     safe = view.safe
@@ -1008,6 +1036,8 @@ def user_verbatim(view: ContextView, indices: Iterable[int]) -> list[Part]:
 
 # --- rung 3: snapshot ---------------------------------------------------------------------
 
+# Said in a page's or summary's header only where the model has the recall tool.
+_FETCHABLE = " The original messages are archived and can be fetched by id."
 SNAPSHOT_ID_PREFIX = "snapshot:"
 SUMMARY_ID_PREFIX = "summary:"
 
@@ -1101,8 +1131,7 @@ def snapshot(
         f"[snapshot of messages {covered[0]} to {covered[-1]} ({len(covered)} messages)] "
         f"The {len(pages)} images below are pages of the earlier conversation, rendered "
         "as text: each message starts under a header with its role and id, and a ↵ "
-        "marks a line break. The original messages are archived and can be fetched by "
-        f"id. {ranges}."
+        f"marks a line break.{_FETCHABLE if view.recall else ''} {ranges}."
     )
     message: Message = {
         "id": f"{SNAPSHOT_ID_PREFIX}{covered[0]}..{covered[-1]}",
@@ -1164,17 +1193,27 @@ class _Summarizer:
     view: ContextView
     summarize: SummarizeFn
     requests: list[int] = field(default_factory=list)  # calibrated estimate of each
+    rejected: list[int] = field(default_factory=list)  # estimates the provider refused
+    # What a rejection taught: the provider counts ``scale`` times the calibrated
+    # estimate, within a window of ``window`` (at most the model's).
+    scale: float = 1.0
+    window: int = 0
+
+    def __post_init__(self) -> None:
+        self.window = self.window or self.view.model.context_window
 
     @cached_property
     def output_tokens(self) -> int:
         model = self.view.model
         return max(1, min(SUMMARY_MAX_TOKENS, model.max_output, model.context_window // 8))
 
-    @cached_property
+    @property
     def capacity(self) -> int:
         """The calibrated size a summary request's prompt may have."""
-        window = self.view.model.context_window
-        return window - margin_tokens(window) - self.output_tokens
+        return self.window - margin_tokens(self.window) - self.output_tokens
+
+    def _estimate(self, raw: int) -> int:
+        return math.ceil(self.view.calibration.apply(raw) * self.scale)
 
     def _prompt(self, instructions: str, parts: list[Part]) -> list[Message]:
         words = int(self.output_tokens * 0.7)
@@ -1182,6 +1221,9 @@ class _Summarizer:
             {
                 "role": "system",
                 "parts": [{"type": "text", "text": instructions.format(words=words)}],
+                # The output the request may ask for: its prompt was sized to fit the
+                # window with exactly this much room for the answer (invariant 11).
+                "metadata": {"max_output": self.output_tokens},
             },
             {"role": "user", "parts": parts},
         ]
@@ -1191,7 +1233,7 @@ class _Summarizer:
         return request_tokens(prompt, rule=self.view.rule)
 
     def _fits(self, raw: int) -> bool:
-        return self.view.calibration.apply(raw) <= self.capacity
+        return self._estimate(raw) <= self.capacity
 
     def _pieces(self, text: str, room_raw: int) -> list[str]:
         """``text`` cut into pieces whose raw estimate is at most ``room_raw``."""
@@ -1209,7 +1251,7 @@ class _Summarizer:
         """Greedy batches of blocks, each a request that fits (blocks too large for one
         request are cut into pieces first)."""
         fixed = self._fixed_raw(instructions, header)
-        room = int(self.capacity / self.view.calibration.factor) - fixed - 2
+        room = int(self.capacity / (self.view.calibration.factor * self.scale)) - fixed - 2
         if room < 64:
             raise CompactionError(
                 f"a {self.view.model.context_window}-token window leaves no room to summarise"
@@ -1230,12 +1272,34 @@ class _Summarizer:
         parts: list[Part] = [{"type": "text", "text": header}]
         parts += [{"type": "text", "text": block} for block in batch]
         prompt = self._prompt(instructions, parts)
-        estimate = self.view.calibration.apply(request_tokens(prompt, rule=self.view.rule))
+        estimate = self._estimate(request_tokens(prompt, rule=self.view.rule))
         if estimate > self.capacity:  # invariant 11; _pack makes this unreachable
             raise CompactionError(f"summary request of {estimate} tokens would not fit")
         self.requests.append(estimate)
         text = self.summarize(prompt).strip()
         return self._clip(text)
+
+    def _summaries(
+        self, instructions: str, header: str, blocks: list[str], retries: int = 2
+    ) -> list[str]:
+        """A summary of each batch of ``blocks`` that fits one request. A request the
+        provider rejects as too long teaches the summariser its count (and window), and
+        its blocks are packed again, smaller, never resent as they were."""
+        out: list[str] = []
+        for batch in self._pack(instructions, header, blocks):
+            try:
+                out.append(self._call(instructions, header, batch))
+            except SummaryTooLong as exc:
+                sent = self.requests.pop()
+                self.rejected.append(sent)
+                if retries <= 0:
+                    raise CompactionError(f"summary requests keep overflowing: {exc}") from exc
+                if exc.limit:
+                    self.window = min(self.window, exc.limit)
+                learned = exc.measured / max(1, sent) if exc.measured else 1.5
+                self.scale *= max(1.1, learned)
+                out += self._summaries(instructions, header, batch, retries - 1)
+        return out
 
     def _clip(self, text: str) -> str:
         # A summary longer than its reserved output is cut, so merging always converges.
@@ -1246,17 +1310,14 @@ class _Summarizer:
     def run(self, segments: list[Segment]) -> str:
         header = "Transcript to summarise (each message under a header with its role and id):"
         blocks = [f"### {s.role} {s.message_id}\n{s.text}" for s in segments]
-        summaries = [
-            self._call(SUMMARY_INSTRUCTIONS, header, batch)
-            for batch in self._pack(SUMMARY_INSTRUCTIONS, header, blocks)
-        ]
+        summaries = self._summaries(SUMMARY_INSTRUCTIONS, header, blocks)
         merge_header = "Partial summaries, oldest first:"
         while len(summaries) > 1:
             blocks = [f"## Part {n}\n{s}" for n, s in enumerate(summaries, 1)]
             batches = self._pack(MERGE_INSTRUCTIONS, merge_header, blocks)
             if len(batches) >= len(summaries):
                 raise CompactionError("partial summaries are too long to merge in this window")
-            summaries = [self._call(MERGE_INSTRUCTIONS, merge_header, b) for b in batches]
+            summaries = self._summaries(MERGE_INSTRUCTIONS, merge_header, blocks)
         return summaries[0] if summaries else ""
 
 
@@ -1269,9 +1330,9 @@ def summarize_middle(
 ) -> tuple[ContextView, RungReport]:
     """Rung 4: the middle replaced by a model-written summary."""
     summarizer = _Summarizer(view, summarize)
-    head_budget = int(view.budget_tokens * HEAD_SHARE) if head_budget is None else head_budget
+    head_budget = int(view.history_budget * HEAD_SHARE) if head_budget is None else head_budget
     if tail_budget is None:
-        tail_budget = int(view.budget_tokens * TAIL_SHARE)
+        tail_budget = int(view.history_budget * TAIL_SHARE)
     # Leave room for the summary itself: the tail gets what head and summary leave.
     original = view.reset()
     head = split_view(original, head_budget=head_budget, tail_budget=0).head_end
@@ -1294,10 +1355,12 @@ def summarize_middle(
     if not split.middle:
         return view, _report("summary", view, view, skipped="no middle to summarise")
     covered = [view.messages[i]["id"] for i in split.middle]
-    text = summarizer.run(middle_segments(view, split.middle))
+    # The summary is written from the originals, not the elided view: an elided result
+    # is gone from the request, so the summary is the only place it can survive.
+    text = summarizer.run(middle_segments(original, split.middle))
+    fetchable = "; the original messages are archived and can be fetched by id" * view.recall
     intro = (
-        f"[summary of messages {covered[0]} to {covered[-1]} ({len(covered)} messages); "
-        "the original messages are archived and can be fetched by id]"
+        f"[summary of messages {covered[0]} to {covered[-1]} ({len(covered)} messages){fetchable}]"
     )
     message: Message = {
         "id": f"{SUMMARY_ID_PREFIX}{covered[0]}..{covered[-1]}",
@@ -1315,9 +1378,10 @@ def summarize_middle(
         view,
         after,
         (Replacement(mid, "message", message["id"]) for mid in covered),
-        model_calls=len(summarizer.requests),
+        model_calls=len(summarizer.requests) + len(summarizer.rejected),
         summary=text,
         request_tokens=list(summarizer.requests),
+        rejected_tokens=list(summarizer.rejected),
         request_capacity=summarizer.capacity,
         head_end=split.head_end,
         head_last_id=_head_last_id(view, split),
@@ -1355,24 +1419,40 @@ def _snapshots(
     render: RenderFn | None,
     head_budget: int | None,
     tail_budget: int | None,
-) -> Iterator[tuple[ContextView, RungReport]]:
+    head_end: int,
+) -> Iterator[tuple[ContextView, RungReport, list[RungReport] | None]]:
     """Snapshots of ``free`` with smaller and smaller tails (pages are cheaper than
-    text), one per distinct tail; only those that applied. None without a renderer or
-    for a model that cannot read images. Lazy: the caller stops at the first that fits,
-    and no more pages are drawn."""
+    text), one per distinct tail; only those that applied. With each tail, a second
+    snapshot whose pages draw every uneventful result of the middle as its elision line
+    (``free`` keeps the last turns' results in full, on pages that cost tokens too):
+    yielded with the free rungs' reports that replace ``free``'s. None without a renderer
+    or for a model that cannot read images. Lazy: the caller stops at the first that
+    fits, and no more pages are drawn."""
     if render is None or not base.model.vision:
         return
-    tail = int(base.budget_tokens * TAIL_SHARE) if tail_budget is None else tail_budget
-    seen: set[int] = set()
+    tail = int(base.history_budget * TAIL_SHARE) if tail_budget is None else tail_budget
+    seen: set[tuple[int, bool]] = set()
+    lean: tuple[ContextView, list[RungReport]] | None = None
     for attempt in (tail, tail // 2, tail // 4, 0):
         split = split_view(base, head_budget=head_budget, tail_budget=attempt)
-        if split.tail_start in seen:
-            continue
-        seen.add(split.tail_start)
-        snap, report = snapshot(free, render=render, head_budget=head_budget, tail_budget=attempt)
-        # Not applied: e.g. pages dearer than a small middle; a smaller tail may pay.
-        if report.applied:
-            yield snap, report
+        for all_elided in (False, True):
+            if (split.tail_start, all_elided) in seen:
+                continue
+            seen.add((split.tail_start, all_elided))
+            source, lean_reports = free, None
+            if all_elided:
+                if lean is None:
+                    found: list[RungReport] = []
+                    lean = (_free_rungs(base, found, k_turns=0, head_end=head_end), found)
+                if lean[0].messages == free.messages:
+                    continue  # nothing more to elide: the same pages as above
+                source, lean_reports = lean
+            snap, report = snapshot(
+                source, render=render, head_budget=head_budget, tail_budget=attempt
+            )
+            # Not applied: e.g. pages dearer than a small middle; a smaller tail may pay.
+            if report.applied:
+                yield snap, report, lean_reports
 
 
 def _last_resort(
@@ -1407,6 +1487,7 @@ def run_ladder(
     k_turns: int = DEFAULT_K_TURNS,
     tail_budget: int | None = None,
     head_budget: int | None = None,
+    ceiling: int | None = None,
 ) -> LadderResult:
     """What the model sees for ``view``'s originals at ``view``'s budget.
 
@@ -1417,7 +1498,12 @@ def run_ladder(
     the first view that fits the budget (tokens and non-token limits) is the answer.
     The snapshot is retried with a smaller tail (pages are cheaper than text) before
     falling back to a summary; the summary runs only when the free rungs are not enough
-    or the model cannot read images (or no renderer was given)."""
+    or the model cannot read images (or no renderer was given).
+
+    ``ceiling`` (above the view's budget) is the budget a stepped compaction answers
+    for: when nothing free fits the step's target, the smallest free or snapshot view
+    that fits the ceiling is the answer (its budget the ceiling), before any summary.
+    Pages come before summaries at any budget where they fit."""
     base, fitted = fit_images(view.reset(), shrink=shrink)
     reports: list[RungReport] = [fitted] if fitted.applied else []
     if base.fits():
@@ -1426,18 +1512,45 @@ def run_ladder(
     free = _free_rungs(base, reports, k_turns=k_turns, head_end=head_end)
     if free.fits():
         return LadderResult(free, tuple(reports), True)
-    best: tuple[ContextView, RungReport] | None = None
+    best: tuple[ContextView, tuple[RungReport, ...]] | None = None
     snapshots = _snapshots(
-        base, free, render=render, head_budget=head_budget, tail_budget=tail_budget
+        base,
+        free,
+        render=render,
+        head_budget=head_budget,
+        tail_budget=tail_budget,
+        head_end=head_end,
     )
-    for snap, report in snapshots:
+    for snap, report, lean_reports in snapshots:
+        used = (*(reports if lean_reports is None else lean_reports), report)
         if snap.fits():
-            return LadderResult(snap, (*reports, report), True)
+            return LadderResult(snap, used, True)
         if best is None or snap.estimate() < best[0].estimate():
-            best = (snap, report)
+            best = (snap, used)
+    if ceiling is not None and ceiling > view.budget_tokens:
+        roomy = _smallest_under(ceiling, [(free, tuple(reports)), *([best] if best else [])])
+        if roomy is not None:
+            return LadderResult(roomy[0], roomy[1], True)
     return _last_resort(
-        free, best, reports, summarize=summarize, head_budget=head_budget, tail_budget=tail_budget
+        free,
+        (best[0], best[1][-1]) if best else None,
+        reports,
+        summarize=summarize,
+        head_budget=head_budget,
+        tail_budget=tail_budget,
     )
+
+
+def _smallest_under(
+    ceiling: int, views: Sequence[tuple[ContextView, tuple[RungReport, ...]]]
+) -> tuple[ContextView, tuple[RungReport, ...]] | None:
+    """The smallest of ``views`` that fits ``ceiling``, with that as its budget."""
+    fitting = [
+        (replace(v, budget_tokens=ceiling), r)
+        for v, r in views
+        if replace(v, budget_tokens=ceiling).fits()
+    ]
+    return min(fitting, key=lambda vr: vr[0].estimate()) if fitting else None
 
 
 def reactive(

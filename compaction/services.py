@@ -27,13 +27,21 @@ from django.utils import timezone
 
 from arbor.heartbeat import Heartbeat, db_now
 from arbor.procs import process_gone, process_identity
-from compaction.estimate import Calibration, Limits, as_message, iter_images, message_tokens
+from compaction.estimate import (
+    Calibration,
+    Limits,
+    as_message,
+    iter_images,
+    margin_tokens,
+    message_tokens,
+)
 from compaction.ladder import (
     CompactionError,
     ContextView,
     LadderResult,
     ModelInfo,
     RungReport,
+    SummaryTooLong,
     detach_pages,
     fit_images,
     reactive,
@@ -179,6 +187,27 @@ def model_budget(spec: ModelSpec, reported_limit: int | None = None) -> int:
     return max(1, int(THRESHOLD * (window - spec.max_output)))
 
 
+def window_ceiling(spec: ModelSpec, reported_limit: int | None = None) -> int:
+    """The most a request may be estimated at: the window (or the smaller one a provider
+    reported) less the reserved output and the estimator's margin. No request Arbor
+    sends, a harness's included, is larger."""
+    window = min(spec.context_window, reported_limit or spec.context_window)
+    return max(1, window - spec.max_output - margin_tokens(window))
+
+
+def budget_by_parts(spec: ModelSpec, reported_limit: int | None, fixed: int) -> int:
+    """The threshold for a request whose fixed part (system prompt, tool definitions and
+    the head every request repeats verbatim, a harness's injected context included) is
+    ``fixed`` calibrated tokens: the fixed part plus THRESHOLD of the room the history
+    has below the window (less the reserved output and the estimator's margin). A
+    harness's fixed part can be most of the window; a threshold taken of the whole
+    window would leave the history no room at all. Never below ``model_budget`` nor
+    above the window's ceiling."""
+    ceiling = window_ceiling(spec, reported_limit)
+    by_parts = fixed + THRESHOLD * max(0, ceiling - fixed)
+    return max(1, min(max(ceiling, 1), max(model_budget(spec, reported_limit), int(by_parts))))
+
+
 # --- renderer and summariser ---------------------------------------------------------
 
 
@@ -260,9 +289,25 @@ class Summarizer:
     def __call__(self, prompt: list[dict[str, Any]]) -> str:
         system = "\n".join(p["text"] for m in prompt if m["role"] == "system" for p in m["parts"])
         messages = [m for m in prompt if m["role"] != "system"]
+        # The ladder sized the prompt for this much output: asking for more (the model's
+        # max_output) could push prompt + output over the window.
+        max_output = next(
+            (
+                int(m["metadata"]["max_output"])
+                for m in prompt
+                if isinstance(m.get("metadata"), dict) and m["metadata"].get("max_output")
+            ),
+            None,
+        )
         started = time.monotonic()
-        with make_provider(self.spec) as provider:
-            reply = provider.complete(Request(messages=messages, system=system))
+        try:
+            with make_provider(self.spec) as provider:
+                reply = provider.complete(
+                    Request(messages=messages, system=system, max_output=max_output)
+                )
+        except ContextOverflow as exc:
+            # The ladder packs the request again, smaller (its estimate undercounted).
+            raise SummaryTooLong(exc.measured_tokens, exc.limit) from exc
         self.calls.append(
             {
                 "seconds": round(time.monotonic() - started, 3),
@@ -430,6 +475,7 @@ def _context_view(
     budget: int | None,
     system: str | None,
     tools: Sequence[Any],
+    recall: bool = True,
 ) -> ContextView:
     """The view of the originals the ladder starts from: the model as the provider
     enforces it, the learned calibration, and everything else the request carries."""
@@ -443,6 +489,7 @@ def _context_view(
         tools=tool_dicts(tools),
         limits=_limits(spec),
         blob_sizes=_blob_sizes(originals),
+        recall=recall,
     )
 
 
@@ -475,11 +522,17 @@ class _ContextBuild:
             view=result.view, inline=inline, **extra,
         )  # fmt: skip
 
-    def reuse(self, free: LadderResult | None = None) -> ContextResult | None:
+    def reuse(
+        self, free: LadderResult | None = None, *, made_for: int | None = None
+    ) -> ContextResult | None:
         """The reusable record's view plus what follows its anchor, when there is a record
         and that still fits; None otherwise. A summary record never displaces free rungs
-        that fit (``free``): a summary is the last rung."""
-        record = _reusable_record(self.conversation, self.spec, self.ids, self.view.budget_tokens)
+        that fit (``free``): a summary is the last rung. ``made_for``: the smallest budget
+        the record may have been made for (default: this build's; a stepped compaction's
+        target, since between steps any record that still fits is the answer, however
+        the threshold moved with the calibration)."""
+        least = self.view.budget_tokens if made_for is None else made_for
+        record = _reusable_record(self.conversation, self.spec, self.ids, least)
         if record is None or (free is not None and free.fits and "summary" in record.rung_names):
             return None
         after = self.originals[self.ids.index(str(record.anchor_id)) + 1 :]
@@ -517,6 +570,7 @@ def context_build(
     preview_pages: bool = True,
     measure_ocr: bool = False,
     progress: Progress = _quiet,
+    recall: bool = True,
 ) -> ContextResult:
     """What the model sees for the path to ``tip_id`` plus ``pending`` (a turn still in
     memory) at ``budget``: the one way the turn engine, the context API, the browser's
@@ -538,11 +592,14 @@ def context_build(
     still answers for ``budget``, so the requests that follow reuse it, their prefix
     byte-identical, until what they add no longer fits (compaction in steps, for the
     provider's prompt cache; the gateway's hysteresis). ``system`` is the system prompt
-    the request carries, when not the conversation's own."""
+    the request carries, when not the conversation's own. ``recall=False``: the model has
+    no tool to fetch originals (the gateway's harnesses), so no header says it can."""
     originals, resume = _originals(
         conversation, tip_id, pending, drop_checkpoints=compact, archived=archived
     )
-    view = _context_view(conversation, spec, originals, budget=budget, system=system, tools=tools)
+    view = _context_view(
+        conversation, spec, originals, budget=budget, system=system, tools=tools, recall=recall
+    )
     if pending and pending[0]["role"] == "user":
         _refuse_oversized_input(view, len(originals) - len(pending))
     build = _ContextBuild(conversation, spec, view, originals, resume, compact, ImageShrinker())
@@ -551,7 +608,7 @@ def context_build(
         # Between the steps of a stepped compaction the step's record is what keeps the
         # prefix stable, summary or not: it is looked for before the free rungs run over
         # the whole path (each request of a long session would pay for them).
-        hit = build.reuse()
+        hit = build.reuse(made_for=target)
         if hit is not None:
             return hit
     free = run_ladder(view, shrink=build.shrink)
@@ -732,7 +789,17 @@ def compaction_run(
                 shrink=ImageShrinker(),
             )
         else:
-            result = run_ladder(view, render=draw, summarize=ask, shrink=ImageShrinker())
+            result = run_ladder(
+                view,
+                render=draw,
+                summarize=ask,
+                shrink=ImageShrinker(),
+                ceiling=record_budget,
+            )
+        if not compacts([r.rung for r in result.reports]):
+            # Nothing applied (no middle to page, nothing to elide): no record stands
+            # for this step, or the audit would list a compaction that never happened.
+            raise CompactionError(f"no rung applied at {view.budget_tokens} tokens")
     except (CompactionError, Exception) as exc:
         failed = CompactionRecord.objects.create(
             conversation=conversation,

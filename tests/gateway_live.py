@@ -70,8 +70,9 @@ class LiveGateway:
         declared_window: int | None = None,
         responder: Any = None,
         extra_env: Mapping[str, str] | None = None,
+        tokenizer: str = "words",
     ) -> None:
-        self.fake = FakeLLMServer(context_window=window, responder=responder)
+        self.fake = FakeLLMServer(context_window=window, responder=responder, tokenizer=tokenizer)
         self.window = window
         self.declared_window = declared_window or window
         self.max_output = max_output

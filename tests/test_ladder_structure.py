@@ -88,10 +88,14 @@ class TestSnapshotAttempts:
         messages = long_chat()
         view = view_of(messages, budget=int(free_estimate(messages) * 0.6))
         tail = tail_of(view, 4)
+        # Each tail is tried with the last turns' results drawn in full, then with every
+        # uneventful result of the middle drawn as its elision line.
         elided, _ = elide(view, head_end=head_of(view))
+        lean, _ = elide(view, k_turns=0, head_end=head_of(view))
         fitting = [
-            snapshot(elided, render=DensityRenderer(), tail_budget=t)[0].fits()
+            snapshot(source, render=DensityRenderer(), tail_budget=t)[0].fits()
             for t in (tail, tail // 2, tail // 4, 0)
+            for source in (elided, lean)
         ]
         assert True in fitting and fitting.index(True) > 0  # not the first attempt
         render = DensityRenderer()
@@ -106,11 +110,13 @@ class TestSnapshotAttempts:
         render = DensityRenderer()
         answer = run_ladder(view, render=render, tail_budget=tail)
         assert not answer.fits and answer.rungs == ["elision", "snapshot"]
-        assert len(render.calls) == 4  # every tail tried, none fits
+        assert len(render.calls) == 8  # every tail tried, both ways; none fits
         elided, _ = elide(view, head_end=head_of(view))
+        lean, _ = elide(view, k_turns=0, head_end=head_of(view))
         sizes = [
-            snapshot(elided, render=DensityRenderer(), tail_budget=t)[0].estimate()
+            snapshot(source, render=DensityRenderer(), tail_budget=t)[0].estimate()
             for t in (tail, tail // 2, tail // 4, 0)
+            for source in (elided, lean)
         ]
         assert answer.view.estimate() == min(sizes)
 

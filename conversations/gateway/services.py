@@ -35,7 +35,7 @@ from compaction.estimate import Calibration, message_tokens, request_tokens
 from compaction.models import Trigger
 from conversations import selectors
 from conversations import services as tree
-from conversations.errors import InvalidInput, NotFound
+from conversations.errors import ArborError, InvalidInput, NotFound
 from conversations.gateway import wire
 from conversations.models import Conversation, Message, Origin
 from conversations.providers import ContextOverflow, ModelSpec
@@ -49,6 +49,14 @@ CONVERSATION_HEADER = "x-arbor-conversation"
 # metadata.user_id.
 SESSION_HEADERS = ("x-claude-code-session-id", "x-session-id", "session_id", "x-session-affinity")
 _SESSION_IN_USER_ID = re.compile(r"session_([0-9a-fA-F-]{16,64})")
+# A request without a session id continues a sessionless conversation of the same
+# client (token, agent and User-Agent) by content only if that one was active lately.
+CONTENT_MATCH_WINDOW = timedelta(minutes=30)
+# How a harness's request starts after it compacted its own history (Claude Code, pi).
+SELF_COMPACTION_MARKERS = (
+    "This session is being continued from a previous conversation",
+    "The conversation history before this point was compacted",
+)
 
 
 @dataclass
@@ -67,6 +75,15 @@ class Exchange:
     session: str
     fingerprint: str
     harness: str
+
+    def fixed_raw(self, rule: str) -> int:
+        """The raw count of what every request of the session repeats verbatim: the
+        system prompt, the tool definitions and the first message (the task, with
+        whatever context the harness injected into it)."""
+        fixed = _fixed_tokens(self.system, self.tools, rule)
+        if self.digests:
+            fixed += _message_raw(self.digests[0], self.drafts[0], rule)
+        return fixed
 
     def raw_tokens(self, rule: str) -> int:
         """The estimator's raw count of the request as the client sent it."""
@@ -303,6 +320,8 @@ def _placement_find(*, user: Any, exchange: Exchange, conversation_id: str | Non
     if conversation_id:
         conversation = selectors.conversation_get(user=user, conversation_id=conversation_id)
     elif exchange.session:
+        # A session id is the harness's word: a new one is a new conversation, whatever
+        # its first message says (two sessions started with the same prompt stay apart).
         conversation = (
             Conversation.objects.filter(
                 owner=user,
@@ -312,8 +331,16 @@ def _placement_find(*, user: Any, exchange: Exchange, conversation_id: str | Non
             .order_by("-updated_at")
             .first()
         )
-    if conversation is None and not conversation_id:
-        mine = Conversation.objects.filter(owner=user, gateway_fingerprint=exchange.fingerprint)
+    else:
+        # No session id (pi, the SDKs): by content, among this client's sessionless
+        # conversations of the same agent that were active lately.
+        mine = Conversation.objects.filter(
+            owner=user,
+            gateway_fingerprint=exchange.fingerprint,
+            gateway_session="",
+            harness=exchange.harness,
+            updated_at__gte=timezone.now() - CONTENT_MATCH_WINDOW,
+        )
         found = _deepest(mine.values("pk"), exchange.keys)
         if found is not None:
             conversation = Conversation.objects.get(pk=found[0])
@@ -321,9 +348,28 @@ def _placement_find(*, user: Any, exchange: Exchange, conversation_id: str | Non
     if conversation is None:
         return Placement(_conversation_new(user, exchange), 0, None, created=True)
     found = _deepest_in(conversation.pk, exchange.keys)
-    if found is None:
-        return Placement(conversation, 0, None)
-    return Placement(conversation, found[1], found[2], parent_depth=found[3])
+    if found is not None:
+        return Placement(conversation, found[1], found[2], parent_depth=found[3])
+    if harness_compacted(exchange) and conversation.tip_id is not None:
+        # The harness summarised its own history: its new path continues below the
+        # message where it compacted, not as a new root.
+        depth = Message.objects.only("depth").get(pk=conversation.tip_id).depth
+        return Placement(conversation, 0, conversation.tip_id, parent_depth=depth)
+    return Placement(conversation, 0, None)
+
+
+def harness_compacted(exchange: Exchange) -> bool:
+    """Whether the request starts with a summary the harness wrote of its own history
+    (Claude Code's and pi's compaction say so in their first words)."""
+    first = exchange.drafts[0] if exchange.drafts else []
+    for draft in first:
+        if draft["role"] != "user":
+            continue
+        for part in draft["parts"]:
+            text = str(part.get("text") or "").lstrip()[:400] if part.get("type") == "text" else ""
+            if any(marker in text for marker in SELF_COMPACTION_MARKERS):
+                return True
+    return False
 
 
 def _title(exchange: Exchange) -> str:
@@ -643,7 +689,7 @@ def forward_build(
         exchange_store(placement=placement, exchange=exchange, answer=None)
     archived, pending = _prepared(placement, exchange)
     calibration, reported = compaction.calibration_get(spec.calibration_key)
-    budget = compaction.model_budget(spec, reported)
+    budget = request_budget(exchange, spec, calibration, reported)
     target = step_target(exchange, spec, budget, calibration)
     common = dict(
         conversation=placement.conversation,
@@ -653,11 +699,14 @@ def forward_build(
         archived=archived,
         tools=exchange.tools,
         system=exchange.system,
+        recall=False,  # no recall tool is offered through the gateway
     )
     if overflow is None:
         context = compaction.context_build(
             **common, budget=budget, target=target, trigger=Trigger.PROACTIVE
         )
+        if not context.fits:
+            context = _fallback(context, common, spec, reported, exchange.protocol)
     else:
         if sent is None:  # the originals went out: their view, without compacting
             sent = compaction.context_build(
@@ -673,13 +722,61 @@ def forward_build(
     return _assemble(context, archived[0], pending, exchange)
 
 
+class CannotFit(ArborError):
+    """Nothing Arbor can build from the conversation fits the window: the harness is
+    told so in the provider's own words for an overlong prompt (a harness compacts on
+    its own when it reads them), with Arbor's reason. The raw request is never sent."""
+
+    status = 400
+    code = "context_overflow"
+
+
+def _fallback(
+    failed: compaction.ContextResult,
+    common: dict[str, Any],
+    spec: ModelSpec,
+    reported: int | None,
+    protocol: str,
+) -> compaction.ContextResult:
+    """The step did not fit (a summary that could not be made, or none allowed): the
+    free rungs and pages at the window's own ceiling, read-only (no record, pages served
+    inline), or CannotFit."""
+    ceiling = compaction.window_ceiling(spec, reported)
+    context = compaction.context_build(
+        **common, budget=ceiling, allow_summary=False, compact=False, preview_pages=True
+    )
+    if context.fits:
+        return context
+    why = failed.record.error if failed.record is not None and failed.record.error else ""
+    reason = (
+        f"Arbor could not compact this conversation below the window{': ' + why if why else ''}"
+    )
+    if protocol == "anthropic":
+        raise CannotFit(
+            f"prompt is too long: {context.estimate} tokens > {ceiling} maximum ({reason})"
+        )
+    raise CannotFit(
+        f"This model's maximum context length is {ceiling} tokens. However, your messages "
+        f"resulted in {context.estimate} tokens ({reason}).",
+        code="context_length_exceeded",
+    )
+
+
+def request_budget(
+    exchange: Exchange, spec: ModelSpec, calibration: Calibration, reported: int | None
+) -> int:
+    """The compaction threshold for this request, by parts: the harness's fixed part
+    (system prompt, tools, the first message) is counted and kept, and the threshold
+    works on the room the history has beside it."""
+    fixed = calibration.apply(exchange.fixed_raw(spec.image_billing))
+    return compaction.budget_by_parts(spec, reported, fixed)
+
+
 def step_target(exchange: Exchange, spec: ModelSpec, budget: int, calibration: Calibration) -> int:
     """How far a compaction step goes: the fixed part of every request (the harness's
-    system prompt and tool definitions, often tens of thousands of tokens) plus
-    ``TARGET`` of the room the history has under the threshold."""
-    fixed = calibration.apply(
-        request_tokens((), rule=spec.image_billing, system=exchange.system, tools=exchange.tools)
-    )
+    system prompt, tool definitions and first message, often tens of thousands of
+    tokens) plus ``TARGET`` of the room the history has under the threshold."""
+    fixed = calibration.apply(exchange.fixed_raw(spec.image_billing))
     return max(1, min(budget, int(fixed + TARGET * max(0, budget - fixed))))
 
 

@@ -323,7 +323,7 @@ def _prepare(protocol: Protocol, secret: str, headers: dict[str, str], raw: byte
     raw_estimate = exchange.raw_tokens(spec.image_billing)
     prep = Prepared(protocol, spec, exchange, user, raw_estimate, raw, secret=secret)
     prep.conversation_id = headers.get(services.CONVERSATION_HEADER) or None
-    prep.budget = compaction.model_budget(spec, reported)
+    prep.budget = services.request_budget(exchange, spec, calibration, reported)
     prep.estimate = calibration.apply(raw_estimate)
     # Far below the threshold the factor decides nothing: learn near it (and at first).
     prep.learn = prep.estimate >= LEARN_SHARE * prep.budget or calibration.samples < LEARN_FIRST

@@ -88,6 +88,18 @@ def count_text_tokens(text: str) -> int:
     return math.ceil(total)
 
 
+def count_bytes_tokens(text: str) -> int:
+    """A pessimistic tokenizer, as a careful reviewer counts: UTF-8 bytes / 3 (real
+    tokenizers give 3.5-4.5 bytes a token on English and code)."""
+    return math.ceil(len((text or "").encode("utf-8", "surrogatepass")) / 3)
+
+
+TOKENIZERS: dict[str, Callable[[str], int]] = {
+    "words": count_text_tokens,
+    "bytes": count_bytes_tokens,
+}
+
+
 def _image_size(data_b64: str) -> tuple[int, int]:
     raw = base64.b64decode(data_b64, validate=True)
     with Image.open(io.BytesIO(raw)) as image:
@@ -117,7 +129,12 @@ _MESSAGE_OVERHEAD = 4
 _REQUEST_OVERHEAD = 3
 
 
-def count_openai_request(body: Mapping[str, Any], *, image_billing: str = "openai-tile") -> int:
+def count_openai_request(
+    body: Mapping[str, Any],
+    *,
+    image_billing: str = "openai-tile",
+    count_text_tokens: Callable[[str], int] = count_text_tokens,
+) -> int:
     total = _REQUEST_OVERHEAD
     for message in body.get("messages") or []:
         total += _MESSAGE_OVERHEAD
@@ -146,7 +163,9 @@ def count_openai_request(body: Mapping[str, Any], *, image_billing: str = "opena
     return total
 
 
-def _count_anthropic_blocks(blocks: Any, image_billing: str) -> int:
+def _count_anthropic_blocks(
+    blocks: Any, image_billing: str, count_text_tokens: Callable[[str], int] = count_text_tokens
+) -> int:
     if isinstance(blocks, str):
         return count_text_tokens(blocks)
     total = 0
@@ -166,14 +185,24 @@ def _count_anthropic_blocks(blocks: Any, image_billing: str) -> int:
             total += count_text_tokens(block.get("name", ""))
             total += count_text_tokens(json.dumps(block.get("input") or {}, ensure_ascii=False))
         elif kind == "tool_result":
-            total += 2 + _count_anthropic_blocks(block.get("content") or [], image_billing)
+            inner = block.get("content") or []
+            total += 2 + _count_anthropic_blocks(inner, image_billing, count_text_tokens)
     return total
 
 
-def count_anthropic_request(body: Mapping[str, Any], *, image_billing: str = "claude") -> int:
-    total = _REQUEST_OVERHEAD + _count_anthropic_blocks(body.get("system") or "", image_billing)
+def count_anthropic_request(
+    body: Mapping[str, Any],
+    *,
+    image_billing: str = "claude",
+    count_text_tokens: Callable[[str], int] = count_text_tokens,
+) -> int:
+    count = count_text_tokens
+    total = _REQUEST_OVERHEAD + _count_anthropic_blocks(
+        body.get("system") or "", image_billing, count
+    )
     for message in body.get("messages") or []:
-        total += _MESSAGE_OVERHEAD + _count_anthropic_blocks(message.get("content"), image_billing)
+        content = message.get("content")
+        total += _MESSAGE_OVERHEAD + _count_anthropic_blocks(content, image_billing, count)
     if body.get("tools"):
         total += count_text_tokens(json.dumps(body["tools"]))
     return total
@@ -828,8 +857,12 @@ class FakeLLMServer:
         require_api_key: str | None = None,
         responder: Callable[[str, Mapping[str, Any]], Step | None] | None = None,
         log_limit: int | None = None,
+        tokenizer: str = "words",
     ) -> None:
         self.context_window = context_window
+        # How the fake counts a prompt: its own word rules, or UTF-8 bytes / 3 (the
+        # pessimistic count the gateway's economy is judged by).
+        self.count_text = TOKENIZERS[tokenizer]
         # Answers a request the script has no step for, from what it holds (protocol,
         # parsed body): a scripted agent whose next move depends on the transcript.
         self.responder = responder
@@ -1040,9 +1073,17 @@ class FakeLLMServer:
             raise _Refused(400, invalid)
         try:
             prompt = (
-                count_openai_request(body, image_billing=self.openai_image_billing)
+                count_openai_request(
+                    body,
+                    image_billing=self.openai_image_billing,
+                    count_text_tokens=self.count_text,
+                )
                 if protocol == "openai"
-                else count_anthropic_request(body, image_billing=self.anthropic_image_billing)
+                else count_anthropic_request(
+                    body,
+                    image_billing=self.anthropic_image_billing,
+                    count_text_tokens=self.count_text,
+                )
             )
         except _BadImage:
             raise _Refused(400, error_shape("Could not process image")) from None
