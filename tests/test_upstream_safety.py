@@ -236,3 +236,58 @@ class TestRedirects:
         body = response.json()
         assert body["error"] == "provider_redirect", body
         assert "307" in body["detail"] and "redirect" in body["detail"]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+class TestForwardedHeaders:
+    """The upstream is a catcher that records headers and answers as a provider would."""
+
+    @pytest.fixture(autouse=True)
+    def _user(self, db: Any) -> None:
+        self.user = make_user("header-sender")
+        _, self.token = services.api_token_create(user=self.user, name="t")
+
+    def send(self, protocol: str, **env: str) -> dict[str, str]:
+        client_headers = {
+            "OpenAI-Organization": "org-the-client-chose",
+            "OpenAI-Project": "proj-the-client-chose",
+            "ChatGPT-Account-Id": "acct-the-client-chose",
+            "Cookie": "session=client",
+            "X-Something-Else": "dropped",
+            "Anthropic-Beta": "fine-grained-tool-streaming-2025-05-14",
+            "OpenAI-Beta": "responses=experimental",
+            "User-Agent": "some-harness/1.2",
+            "X-Stainless-Lang": "python",
+        }
+        with Recorder(catcher_answer) as catcher:
+            with declared(base_urls(catcher)), mock.patch.dict(os.environ, env):
+                response = gateway_post(protocol, self.token, **client_headers)
+            assert response.status_code == 200, response.content
+            assert len(catcher.seen) == 1
+            return dict(catcher.seen[0]["headers"])
+
+    def test_only_the_allow_list_of_client_headers_goes_with_the_key(self, protocol: str) -> None:
+        headers = self.send(protocol)
+        for name in ("openai-organization", "openai-project", "chatgpt-account-id"):
+            assert name not in headers, headers
+        for name in ("cookie", "x-something-else"):
+            assert name not in headers, headers
+        assert headers["anthropic-beta"] == "fine-grained-tool-streaming-2025-05-14"
+        assert headers["openai-beta"] == "responses=experimental"
+        assert headers["user-agent"] == "some-harness/1.2"
+        assert headers["x-stainless-lang"] == "python"
+        if protocol == "anthropic":
+            assert headers["x-api-key"] == ANTHROPIC_KEY
+            assert headers["anthropic-version"] == "2023-06-01"
+            assert "authorization" not in headers
+        else:
+            assert headers["authorization"] == f"Bearer {OPENAI_KEY}"
+            assert "x-api-key" not in headers
+
+    def test_the_operators_own_organisation_and_project_go_instead(self, protocol: str) -> None:
+        headers = self.send(protocol, OPENAI_ORG_ID="org-operator", OPENAI_PROJECT_ID="proj-op")
+        if protocol == "openai":
+            assert headers["openai-organization"] == "org-operator"
+            assert headers["openai-project"] == "proj-op"
+        else:  # an OpenAI account means nothing to an Anthropic upstream
+            assert "openai-organization" not in headers and "openai-project" not in headers

@@ -1,8 +1,23 @@
 """Calling the upstream provider for the gateway: where, with which key and headers.
 
-The client's headers are forwarded (``anthropic-version``, ``anthropic-beta``, the
-SDK's own) except its credentials, hop-by-hop headers and Arbor's own; the key is
-Arbor's, from the environment (the model registry names the variable).
+The key is Arbor's, from the environment (the model registry names the variable), and
+goes only to the model's configured base URL: redirects are not followed (``send``).
+
+Of the client's headers only an allow-list is forwarded, what the protocols and SDKs
+need and nothing that chooses an account:
+
+- ``anthropic-version``, ``anthropic-beta``, ``openai-beta``: the API version and the
+  features the request uses;
+- ``accept``, ``user-agent`` and the SDKs' ``x-stainless-*`` (language, version, OS,
+  retry count: telemetry that changes nothing upstream).
+
+Everything else stays behind: the client's credentials (``authorization``,
+``x-api-key``, ``cookie``), hop-by-hop headers, Arbor's own (``x-arbor-conversation``)
+and, above all, organisation, project and billing headers (``OpenAI-Organization``,
+``OpenAI-Project``, ``chatgpt-account-id``…): with Arbor's key they would let the client
+choose who pays. Arbor's own organisation and project are sent instead when the
+operator sets them, from the variables the OpenAI SDK reads (``OPENAI_ORG_ID``,
+``OPENAI_PROJECT_ID``), as chat turns send them.
 """
 
 from __future__ import annotations
@@ -21,22 +36,16 @@ from conversations.providers import ModelSpec, read_api_key
 
 log = logging.getLogger("arbor.gateway")
 
-_DROP = {
-    "host",
-    "content-length",
-    "authorization",
-    "x-api-key",
-    "api-key",
-    "cookie",
-    "connection",
-    "keep-alive",
-    "transfer-encoding",
-    "te",
-    "upgrade",
-    "proxy-authorization",
-    "accept-encoding",
-    "x-arbor-conversation",
+# The client's headers that go upstream (see the module docstring): exact names, and
+# prefixes. Anything else is dropped.
+FORWARD = frozenset({"anthropic-version", "anthropic-beta", "openai-beta", "accept", "user-agent"})
+FORWARD_PREFIXES = ("x-stainless-",)
+# Arbor's own OpenAI organisation and project, by the OpenAI SDK's variables.
+_OPENAI_ACCOUNT_ENV = {
+    "openai-organization": "OPENAI_ORG_ID",
+    "openai-project": "OPENAI_PROJECT_ID",
 }
+
 # Response headers worth passing back to the client.
 KEEP_RESPONSE = (
     "content-type",
@@ -65,9 +74,20 @@ def url_for(spec: ModelSpec, path: str, query: str = "") -> str:
     return f"{url}?{query}" if query else url
 
 
+def forwarded(name: str) -> bool:
+    """Whether a client's header goes upstream (the allow-list)."""
+    name = name.lower()
+    return name in FORWARD or name.startswith(FORWARD_PREFIXES)
+
+
 def headers_for(spec: ModelSpec, client_headers: Mapping[str, str]) -> dict[str, str]:
-    out = {k: v for k, v in client_headers.items() if k.lower() not in _DROP}
+    out = {k.lower(): v for k, v in client_headers.items() if forwarded(k)}
     out["content-type"] = "application/json"
+    if spec.provider == "openai":
+        for header, env in _OPENAI_ACCOUNT_ENV.items():
+            value = os.environ.get(env, "").strip()
+            if value:
+                out[header] = value
     key = read_api_key(spec.api_key_env or _KEY_ENV[spec.provider])
     if key:
         if spec.provider == "anthropic":
