@@ -1286,7 +1286,8 @@ class _Summarizer:
         provider rejects as too long teaches the summariser its count (and window), and
         its blocks are packed again, smaller, never resent as they were."""
         out: list[str] = []
-        for batch in self._pack(instructions, header, blocks):
+        batches = self._pack(instructions, header, blocks)
+        for at, batch in enumerate(batches):
             try:
                 out.append(self._call(instructions, header, batch))
             except SummaryTooLong as exc:
@@ -1298,7 +1299,9 @@ class _Summarizer:
                     self.window = min(self.window, exc.limit)
                 learned = exc.measured / max(1, sent) if exc.measured else 1.5
                 self.scale *= max(1.1, learned)
-                out += self._summaries(instructions, header, batch, retries - 1)
+                # This batch and every later one, packed again at what was learned.
+                rest = [piece for later in batches[at:] for piece in later]
+                return out + self._summaries(instructions, header, rest, retries - 1)
         return out
 
     def _clip(self, text: str) -> str:

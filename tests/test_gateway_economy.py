@@ -18,6 +18,7 @@ from django.test import TransactionTestCase
 
 from compaction.models import CompactionRecord, RecordStatus
 from conversations.models import Conversation
+from conversations.providers.fake import Step
 from tests.gateway_live import ANTHROPIC_MODEL, LiveGateway, agent_responder
 
 # Claude Code's own system prompt and tool descriptions are tens of kilobytes; these are
@@ -194,3 +195,44 @@ class ClaudeCodeUnderPressureTests(TransactionTestCase):
         # A record is a step that compacted: never one with no rung applied.
         for record in records.filter(status=RecordStatus.READY):
             assert set(record.rung_names) - {"image_limits"}, record.rung_names
+
+
+class NothingFitsTests(TransactionTestCase):
+    def test_a_failed_compaction_never_forwards_the_raw_request(self) -> None:
+        """Errors are eventful (never elided), their pages alone are over the window, and
+        the summary requests fail: the harness gets the provider's own overflow error,
+        naming Arbor's reason, and the upstream never receives the over-window request."""
+        gateway = LiveGateway(window=6_000, max_output=1024, tokenizer="bytes").start()
+        self.addCleanup(gateway.stop)
+        gateway.fake.push(*(Step.error(400, "summaries are switched off") for _ in range(6)))
+        messages: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
+        for n in range(30):
+            call = {"type": "tool_use", "id": f"toolu_{n}", "name": "Bash", "input": {"n": n}}
+            failure = "\n".join(
+                f"error {n}.{i}: build step {i} failed with code {n * i}" for i in range(60)
+            )
+            result = {
+                "type": "tool_result",
+                "tool_use_id": f"toolu_{n}",
+                "content": failure,
+                "is_error": True,
+            }
+            messages += [
+                {"role": "assistant", "content": [call]},
+                {"role": "user", "content": [result]},
+            ]
+        status, raw, _ = gateway.call(
+            "POST",
+            "/gateway/anthropic/v1/messages",
+            {"model": ANTHROPIC_MODEL, "max_tokens": 256, "tools": [BASH], "messages": messages},
+            headers={"x-api-key": gateway.token, "anthropic-version": "2023-06-01"},
+        )
+        assert status == 400, raw[:300]
+        error = json.loads(raw)
+        assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+        assert error["error"]["message"].startswith("prompt is too long: ")
+        assert "Arbor could not compact" in error["error"]["message"]
+        # Only Arbor's own (summary) requests reached the upstream, none over the window.
+        assert gateway.fake.requests, "the summary was never tried"
+        assert all(not r.body.get("tools") for r in gateway.fake.requests)
+        assert all((r.prompt_tokens or 0) <= 6_000 for r in gateway.fake.requests)
