@@ -236,3 +236,36 @@ class NothingFitsTests(TransactionTestCase):
         assert gateway.fake.requests, "the summary was never tried"
         assert all(not r.body.get("tools") for r in gateway.fake.requests)
         assert all((r.prompt_tokens or 0) <= 6_000 for r in gateway.fake.requests)
+
+
+class CountTokensTests(TransactionTestCase):
+    def test_count_tokens_counts_what_arbor_would_forward(self) -> None:
+        """Claude Code sizes its own compaction from count_tokens: a request Arbor will
+        compact is counted at most at the threshold it is compacted below, never at its
+        raw size (which would make the harness compact what Arbor handles)."""
+        gateway = LiveGateway(window=24_000, max_output=4096, tokenizer="bytes").start()
+        self.addCleanup(gateway.stop)
+        headers = {"x-api-key": gateway.token, "anthropic-version": "2023-06-01"}
+        small = {"model": ANTHROPIC_MODEL, "messages": [{"role": "user", "content": TASK}]}
+        status, raw, _ = gateway.call(
+            "POST", "/gateway/anthropic/v1/messages/count_tokens", small, headers=headers
+        )
+        assert status == 200, raw
+        assert 0 < json.loads(raw)["input_tokens"] < 100
+        messages: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
+        for n in range(60):
+            call = {"type": "tool_use", "id": f"toolu_{n}", "name": "Bash", "input": {"n": n}}
+            output = "\n".join(f"line {i} of round {n}: all good" for i in range(100))
+            result = {"type": "tool_result", "tool_use_id": f"toolu_{n}", "content": output}
+            messages += [
+                {"role": "assistant", "content": [call]},
+                {"role": "user", "content": [result]},
+            ]
+        large = {"model": ANTHROPIC_MODEL, "tools": [BASH], "messages": messages}
+        status, raw, _ = gateway.call(
+            "POST", "/gateway/anthropic/v1/messages/count_tokens", large, headers=headers
+        )
+        assert status == 200, raw
+        counted = json.loads(raw)["input_tokens"]
+        assert len(json.dumps(messages)) // 4 > 24_000  # far over the window as sent
+        assert counted < 24_000 - 4096  # what goes upstream fits, with room for the answer

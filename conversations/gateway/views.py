@@ -28,7 +28,6 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from compaction import services as compaction
-from compaction.estimate import Calibration
 from conversations.errors import ArborError
 from conversations.gateway import pending, services, upstream, wire
 from conversations.gateway.dbthreads import on_db_thread
@@ -669,7 +668,11 @@ async def openai_chat(request: HttpRequest) -> HttpResponseBase:
     return await _handle(OPENAI, request)
 
 
-def _count(protocol: Protocol, user: Any, body: dict[str, Any], headers: dict[str, str]) -> int:
+def _count(
+    protocol: Protocol, user: Any, body: dict[str, Any], headers: dict[str, str]
+) -> tuple[int, int]:
+    """Arbor's estimate of the request as sent, and the threshold above which Arbor
+    compacts it before forwarding."""
     spec = _spec(protocol, body.get("model"))
     system = wire.anthropic_system_text(body.get("system"))
     tools = [t for t in body.get("tools") or [] if isinstance(t, dict)]
@@ -684,13 +687,18 @@ def _count(protocol: Protocol, user: Any, body: dict[str, Any], headers: dict[st
         )
     except wire.WireError as exc:
         raise ArborError(str(exc), code="invalid_messages") from None
-    calibration: Calibration = compaction.calibration_get(spec.calibration_key)[0]
-    return calibration.apply(exchange.raw_tokens(spec.image_billing))
+    calibration, reported = compaction.calibration_get(spec.calibration_key)
+    budget = services.request_budget(exchange, spec, calibration, reported)
+    return calibration.apply(exchange.raw_tokens(spec.image_billing)), budget
 
 
 @csrf_exempt
 async def anthropic_count_tokens(request: HttpRequest) -> HttpResponse:
-    """The upstream's own count where it has the endpoint; else Arbor's estimate."""
+    """What Arbor would forward, counted: the upstream's own count where it has the
+    endpoint, else Arbor's estimate; but never more than the compaction threshold, since
+    a request over it is compacted below it before it goes upstream. A harness that
+    sizes its own compaction from this count (Claude Code does) then leaves to Arbor
+    what Arbor handles."""
     user = await _user_or_refusal(ANTHROPIC, request)
     if isinstance(user, HttpResponse):
         return user
@@ -704,9 +712,11 @@ async def anthropic_count_tokens(request: HttpRequest) -> HttpResponse:
     headers = {k.lower(): v for k, v in request.headers.items()}
     try:
         spec = await on_db_thread(_spec)(ANTHROPIC, body.get("model"))
-        estimate = await on_db_thread(_count)(ANTHROPIC, user, body, headers)
+        estimate, budget = await on_db_thread(_count)(ANTHROPIC, user, body, headers)
     except ArborError as exc:
         return _arbor_error(ANTHROPIC, exc)
+    if estimate > budget:
+        return JsonResponse({"input_tokens": budget})
     url = upstream.url_for(spec, "/v1/messages/count_tokens", request.META.get("QUERY_STRING", ""))
     try:
         response = await upstream.send(
@@ -716,8 +726,9 @@ async def anthropic_count_tokens(request: HttpRequest) -> HttpResponse:
         )
         raw = await response.aread()
         await response.aclose()
-        if response.status_code == 200:
-            return HttpResponse(raw, status=200, content_type="application/json")
+        counted = json.loads(raw).get("input_tokens") if response.status_code == 200 else None
+        if isinstance(counted, int):
+            return JsonResponse({"input_tokens": min(counted, budget)})
     except Exception:
         pass
     return JsonResponse({"input_tokens": estimate})
