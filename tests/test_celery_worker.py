@@ -119,8 +119,8 @@ class CeleryWorkerTests(TransactionTestCase):
 
     def test_an_uploaded_transcript_is_imported_by_a_worker(self) -> None:
         user = make_user("importer")
-        sample = Path(__file__).resolve().parents[2] / "shared" / "samples" / "pi"
-        data = (sample / "pi-mono__compact.jsonl").read_bytes()
+        # A session the real pi CLI wrote (tests/data/sessions): 9 messages.
+        data = (Path(__file__).parent / "data" / "sessions" / "pi-parallel.jsonl").read_bytes()
         job = services.import_job_create(
             owner=user, upload=SimpleUploadedFile("session.jsonl", data), format="pi"
         )
@@ -128,9 +128,9 @@ class CeleryWorkerTests(TransactionTestCase):
         wait_for("the import to end", lambda: _import_state(job) in ended, self.worker, 120)
         job.refresh_from_db()
         assert job.state == "done", job.error
-        assert job.conversations_done == 1 and job.messages_done == 1007
+        assert job.conversations_done == 1 and job.messages_done == 9
         conversation_id = job.report["conversation_ids"][0]
-        assert services.Message.objects.filter(conversation_id=conversation_id).count() == 1007
+        assert services.Message.objects.filter(conversation_id=conversation_id).count() == 9
         assert not job.upload  # the kept upload is removed once imported
 
 

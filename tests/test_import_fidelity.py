@@ -26,7 +26,7 @@ from conversations.models import Conversation, ImportJob, Message
 from conversations.providers.convert import to_anthropic
 from conversations.providers.fake import anthropic_pairing_error
 from conversations.services import transcript_resume
-from tests.builders import make_user
+from tests.builders import make_user, openwebui_chat
 
 DATA = Path(__file__).parent / "data"
 BROWSING = DATA / "chatgpt" / "browsing.json"
@@ -38,45 +38,6 @@ def write(name: str, data: bytes | str) -> Path:
     path = Path(tempfile.mkdtemp()) / name
     path.write_bytes(data.encode() if isinstance(data, str) else data)
     return path
-
-
-def openwebui_chat(turns: int = 6) -> bytes:
-    """One Open WebUI chat as its "Export chat (.json)" writes it (a single document,
-    shaped after a real export): a message tree keyed by id, the current one named."""
-    messages: dict[str, Any] = {}
-    parent = None
-    for i in range(turns):
-        key = f"00000000-0000-4000-8000-{i:012d}"
-        role = "user" if i % 2 == 0 else "assistant"
-        text = (
-            f"Question {i}: what did the ruling say?"
-            if role == "user"
-            else (f"Answer {i}: the principle is named after a 1964 controversy. " * 8)
-        )
-        messages[key] = {
-            "id": key,
-            "parentId": parent,
-            "childrenIds": [],
-            "role": role,
-            "content": text,
-            "timestamp": 1744577557 + i,
-            "models": ["demo/model"],
-        }
-        if parent is not None:
-            messages[parent]["childrenIds"].append(key)
-        parent = key
-    chat = {
-        "id": "",
-        "title": "A made-up chat",
-        "models": ["demo/model"],
-        "params": {},
-        "history": {"messages": messages, "currentId": parent},
-        "messages": list(messages.values()),
-        "tags": [],
-        "timestamp": 1744577557,
-        "files": [],
-    }
-    return json.dumps(chat, indent=4).encode()
 
 
 def path_of(conversation: Conversation) -> list[Message]:

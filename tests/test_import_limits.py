@@ -17,9 +17,7 @@ from django.urls import reverse
 
 from conversations.importers import ImportRejected, transcript_import
 from conversations.models import Conversation, ImportJob, ImportState
-from tests.builders import make_user
-
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
+from tests.builders import make_user, openwebui_chat
 
 
 class BrowserImportLimitTests(TestCase):
@@ -51,7 +49,7 @@ class BrowserImportLimitTests(TestCase):
         self.assertFalse(job.upload)
 
     def test_a_finished_import_deletes_its_upload(self) -> None:
-        data = (SAMPLES / "openwebui" / "openwebui-importer__webui-json.json").read_bytes()
+        data = openwebui_chat()
         self.send("chat.json", data)
         job = ImportJob.objects.get(owner=self.user)
         self.assertEqual(job.state, ImportState.DONE)
@@ -77,7 +75,7 @@ class BrowserImportLimitTests(TestCase):
         # Another user is not held up by them.
         other = make_user("other")
         self.client.force_login(other)
-        data = (SAMPLES / "openwebui" / "openwebui-importer__webui-json.json").read_bytes()
+        data = openwebui_chat()
         with override_settings(ARBOR_IMPORT_MAX_OPEN=3):
             self.send("chat.json", data)
         self.assertEqual(Conversation.objects.filter(owner=other).count(), 1)
@@ -101,9 +99,7 @@ class DocumentLimitTests(TestCase):
     def test_an_array_still_streams_element_by_element(self) -> None:
         """The bound is per element: a file far over it, made of small conversations,
         imports (the file limit is what bounds a whole file)."""
-        doc = json.loads(
-            (SAMPLES / "openwebui" / "openwebui-importer__webui-json.json").read_text()
-        )
+        doc = json.loads(openwebui_chat())
         path = Path(tempfile.mkdtemp()) / "many.json"
         with open(path, "w") as out:
             out.write("[" + ",".join(json.dumps(doc) for _ in range(50)) + "]")
