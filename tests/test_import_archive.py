@@ -29,10 +29,10 @@ from conversations.models import Blob, Conversation, Message
 from conversations.providers.fake import FakeLLMServer
 from tests import harness_sessions
 from tests.builders import make_user
+from tests.sample_loaders import SAMPLES, requires_samples
 
 DATA = Path(__file__).parent / "data"
 PROJECT = DATA / "sessions" / "claude-code-2.1-subagent"
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
 MEDIA = tempfile.TemporaryDirectory()
 
 
@@ -148,6 +148,7 @@ class ClaudeCodeProjectTests(TestCase):
         self.check_link(*self.import_project(project))
 
 
+@requires_samples
 @override_settings(MEDIA_ROOT=MEDIA.name)
 class InFileSubAgentTests(TestCase):
     def test_an_older_session_s_sidechains_are_linked_to_their_task_calls(self) -> None:

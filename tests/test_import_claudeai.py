@@ -24,6 +24,7 @@ from conversations.providers.convert import to_anthropic
 from conversations.providers.fake import anthropic_pairing_error
 from conversations.services import transcript_resume
 from tests.builders import make_user
+from tests.sample_loaders import requires_samples
 from tests.test_import_samples import ALL_SAMPLES
 
 SAMPLE = Path(__file__).parent / "data" / "claudeai" / "conversations.json"
@@ -98,6 +99,7 @@ class ClaudeAiImportTests(TestCase):
         del lookalike["chat_messages"]
         assert document_format(lookalike) != "claudeai"
 
+    @requires_samples
     def test_every_shared_sample_still_detects_as_its_own_format(self) -> None:
         assert ALL_SAMPLES
         for path in ALL_SAMPLES:

@@ -35,7 +35,7 @@ from conversations.providers.fake import anthropic_pairing_error, openai_pairing
 from conversations.services import transcript_resume
 from tests import codex_server
 from tests.builders import calls_and_answers, make_user
-from tests.test_import_samples import SAMPLES
+from tests.sample_loaders import SAMPLES, requires_samples
 
 DATA = Path(__file__).parent / "data" / "codex"
 PARALLEL = DATA / "codex-parallel.jsonl"
@@ -247,17 +247,25 @@ class CommittedRolloutTests(CodexChecks):
         for path in (PARALLEL, COMPACTED):
             self.assertEqual(detect_format(path, limits=limits), "codex")
         expected = {
-            **{p: "pi" for p in (SAMPLES / "pi").glob("*.jsonl")},
-            **{p: "claude-code" for p in (SAMPLES / "claude-code").glob("*.jsonl")},
             SESSIONS / "pi-parallel.jsonl": "pi",
             SESSIONS / "claude-code-2.1-parallel.jsonl": "claude-code",
         }
-        self.assertGreaterEqual(len(expected), 4)
         for path, fmt in expected.items():
             self.assertEqual(detect_format(path, limits=limits), fmt, path.name)
         # The envelope alone decides: a typed record without a payload is not Codex's.
         self.assertIsNone(record_format([{"type": "event_msg"}]))
         self.assertEqual(record_format([{"type": "event_msg", "payload": {}}]), "codex")
+
+    @requires_samples
+    def test_the_third_party_pi_and_claude_code_samples_are_not_taken(self) -> None:
+        limits = Limits.from_settings()
+        expected = {
+            **{p: "pi" for p in (SAMPLES / "pi").glob("*.jsonl")},
+            **{p: "claude-code" for p in (SAMPLES / "claude-code").glob("*.jsonl")},
+        }
+        self.assertGreaterEqual(len(expected), 2)
+        for path, fmt in expected.items():
+            self.assertEqual(detect_format(path, limits=limits), fmt, path.name)
 
     def test_the_format_is_offered_by_the_form_and_the_api(self) -> None:
         self.assertIn("codex", FORMATS)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +13,7 @@ from conversations.models import Conversation, Message
 from conversations.resume import resume_view
 from conversations.services import transcript_resume
 from tests.builders import make_user
+from tests.sample_loaders import SAMPLES, requires_samples
 
 
 @dataclass
@@ -86,9 +86,7 @@ def test_unpaired_traffic_in_the_middle_is_left_out_not_trimmed() -> None:
     assert len(path[1].parts) == 2
 
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
-
-
+@requires_samples
 class PiSampleResumeTests(TestCase):
     """The real pi session: aborted assistant messages hold tool calls that never got a
     result. A model request built from it must hold none of them."""

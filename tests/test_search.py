@@ -4,12 +4,10 @@ exact branch holding the message, without moving the tip until asked to."""
 from __future__ import annotations
 
 import importlib
-import os
 import tempfile
 from io import StringIO
 from typing import Any
 
-import pytest
 from django.apps import apps
 from django.core.management import call_command
 from django.db import connection
@@ -22,7 +20,7 @@ from conversations.models import Conversation, Message
 from conversations.parts import SEARCH_TEXT_MAX_CHARS, searchable_text
 from conversations.templatetags.arbor_ui import match_pieces
 from tests.builders import make_user, new_conversation, text, tool_turn
-from tests.test_import_samples import SAMPLES
+from tests.sample_loaders import SAMPLES, requires_samples
 from tests.test_ui_pages import parse_tags
 
 
@@ -342,13 +340,9 @@ class HitOpensTheBranchTests(SearchBase):
         assert "stay home" in path_section(body)
         assert f'id="msg-{root.pk}" class="msg user found"' in body
 
+    @requires_samples
     def test_the_imported_sample_is_searchable_on_its_other_branches(self) -> None:
         sample = SAMPLES / "chatgpt" / "librechat__chatgpt-tree.json"
-        if not sample.exists():
-            message = f"sample file {sample} is not present"
-            if os.environ.get("CI") == "true":
-                pytest.fail(f"CI must have ../shared/samples: {message}")
-            pytest.skip(message)
         report = transcript_import(owner_id=self.alice.pk, path=sample)
         conv = Conversation.objects.get(pk=report.conversation_ids[0])
         (hit,) = selectors.message_search(user=self.alice, q="village nestled", limit=5).items

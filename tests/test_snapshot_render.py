@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from compaction.bench_render import SAMPLES, transcript_segments
+from compaction.bench_render import transcript_segments
 from compaction.render import (
     DENSITIES,
     LEGEND,
@@ -40,6 +40,7 @@ from compaction.render.ocr import ocr_image
 from compaction.render.profiles import FONT_DIR
 from compaction.render.redrawn import REDRAWN, round_loops
 from conversations.providers.billing import BILLING_RULES, image_tokens
+from tests.sample_loaders import requires_samples, samples_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -134,6 +135,8 @@ MIXED = (
     "combining e\u0301 and lone surrogate \ud800 and noncharacter \uffff"
 )
 
+# Korean prose written for the tests (tests/data/text), drawn with or without the samples.
+OWN_KOREAN = "text/korean.txt"
 SAMPLE_FILES = [
     "text/000_f44600f37aa72e34.txt",
     "pi/pi-mono__compact.jsonl",
@@ -152,12 +155,8 @@ def _require_tesseract(lang: str = "eng") -> None:
 
 
 def _sample_segments(name: str) -> list[Segment]:
-    path = SAMPLES / name
-    if not path.exists():
-        message = f"sample file {path} is not present (set ARBOR_SAMPLES to its folder)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must have ../shared/samples: {message}")
-        pytest.skip(message)
+    # The third-party samples: skipped without them (failed under CI=true).
+    path = ROOT / "tests" / "data" / name if name == OWN_KOREAN else samples_dir() / name
     if path.suffix == ".jsonl":
         return transcript_segments(path)
     return [Segment("user", "doc", path.read_text(encoding="utf-8"))]
@@ -357,7 +356,9 @@ def test_korean_circles_read_back_as_circles(density: str) -> None:
     assert exact >= 0.6 * 3 * len(words), reading
 
 
-@pytest.mark.parametrize("name", SAMPLE_FILES)
+@pytest.mark.parametrize(
+    "name", [OWN_KOREAN, *(pytest.param(n, marks=requires_samples) for n in SAMPLE_FILES)]
+)
 def test_it_draws_the_sample_files_without_missing_glyphs(name: str) -> None:
     segments = _sample_segments(name)
     for density in DENSITIES:
