@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +27,7 @@ from compaction.estimate import (
     usage_pairs,
 )
 from conversations.providers.billing import BILLING_RULES, image_tokens
-from tests.sample_loaders import SAMPLES, load_pi
+from tests.sample_loaders import SAMPLES, load_pi, requires_samples
 
 PROSE = (
     "The quick brown fox jumps over the lazy dog while the committee debates whether "
@@ -43,6 +44,8 @@ CODE = (
     "    return Response({'ok': True, 'items': [x.id for x in items]})\n"
 ) * 15
 SHA = "ab" * 32
+# Korean prose written for the tests (tests/data/text): no third-party file needed.
+KOREAN_PROSE = Path(__file__).parent / "data" / "text" / "korean.txt"
 
 
 def per_char(text: str) -> float:
@@ -64,8 +67,19 @@ class TestText:
         assert per_char(JSON_TEXT) > per_char(PROSE) * 1.25
         assert per_char(CODE) > per_char(PROSE) * 1.15
 
-    def test_it_reads_real_korean_text_as_dense(self):
-        text = (SAMPLES / "text" / "000_f44600f37aa72e34.txt").read_text(encoding="utf-8")
+    @pytest.mark.parametrize(
+        "path",
+        [
+            pytest.param(KOREAN_PROSE, id="own-korean-text"),
+            pytest.param(
+                SAMPLES / "text" / "000_f44600f37aa72e34.txt",
+                id="design-page",
+                marks=requires_samples,
+            ),
+        ],
+    )
+    def test_it_reads_real_korean_text_as_dense(self, path):
+        text = path.read_text(encoding="utf-8")
         hangul = sum(1 for c in text if "\uac00" <= c <= "\ud7a3")
         assert hangul > 1000
         # Every Hangul syllable is a token; the Latin and punctuation around it add more.
@@ -208,6 +222,7 @@ class TestCalibration:
         weight = raw_prompt / (raw_prompt + estimate.WEIGHT_TOKENS)
         assert cal.factor == pytest.approx(1.0 + 0.25 * weight, abs=0.01)
 
+    @requires_samples
     def test_it_matches_claude_measured_usage_on_the_real_pi_session(self):
         # Before its first compaction, pi's prompt was every earlier message plus a fixed
         # system prompt and tool schemas (what the first request measured beyond them).
