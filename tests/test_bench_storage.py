@@ -1,11 +1,14 @@
 """bench_storage measures the real samples in a scratch database of the configured kind
-and leaves nothing behind; on PostgreSQL the search index's pending list is bounded."""
+and leaves nothing behind; on PostgreSQL the search index's pending list is bounded.
+The test hands it the sessions the real CLIs wrote for this repository (tests/data) in
+the samples' layout, so it runs without ../shared/samples."""
 
 from __future__ import annotations
 
 import io
 import json
 import os
+import shutil
 import tempfile
 import unittest
 from pathlib import Path
@@ -17,9 +20,14 @@ from django.core.management import call_command
 from django.db import connection
 from django.test import TransactionTestCase
 
+from compaction.bench_samples import read_conversations
+from conversations.importers import claude_code, pi
 from conversations.management.commands import bench_storage
 from conversations.management.commands.bench_storage import SCRATCH_PREFIX, text_bytes
 from conversations.models import Message
+
+SESSIONS = Path(__file__).parent / "data" / "sessions"
+CLAUDE_NAME = "claude-code-2.1-parallel.jsonl"
 
 
 class TextBytesTests(unittest.TestCase):
@@ -38,20 +46,46 @@ class TextBytesTests(unittest.TestCase):
         assert text_bytes(parts) == 6 + 2 + 2 + len('{"p": "/"}') + 3
 
 
+def own_samples(folder: Path) -> tuple[Path, Path, int, int]:
+    """The repository's pi and Claude Code sessions laid out as the samples are (pi's
+    file under its name, a claude-code folder): their paths, and the messages and text
+    bytes an import of them writes."""
+    pi_file = folder / "pi" / "pi-mono__compact.jsonl"
+    claude_dir = folder / "claude-code"
+    pi_file.parent.mkdir(parents=True)
+    claude_dir.mkdir()
+    shutil.copy(SESSIONS / "pi-parallel.jsonl", pi_file)
+    shutil.copy(SESSIONS / CLAUDE_NAME, claude_dir)
+    built = [b for b, _ in read_conversations(pi_file, pi.parse)]
+    built += [b for b, _ in read_conversations(claude_dir / CLAUDE_NAME, claude_code.parse)]
+    nodes = [m.node for b in built for m in b.messages]
+    return pi_file, claude_dir, len(nodes), sum(text_bytes(n.parts) for n in nodes)
+
+
 class BenchStorageTests(TransactionTestCase):
     def test_it_prints_the_ratio_of_bytes_to_text_and_leaves_nothing_behind(self) -> None:
         out = io.StringIO()
-        with tempfile.TemporaryDirectory() as inherited:
-            # The child inherits this environment: the pi sample's images must go to its
-            # own scratch media folder, not to the MEDIA_ROOT it inherits.
-            with mock.patch.dict(os.environ, {"MEDIA_ROOT": inherited}):
+        with tempfile.TemporaryDirectory() as inherited, tempfile.TemporaryDirectory() as tmp:
+            samples = Path(tmp) / "samples"
+            pi_file, claude_dir, messages, text = own_samples(samples)
+            # The child inherits this environment: it reads the samples named by
+            # ARBOR_SAMPLES, and writes their images to its own scratch media folder,
+            # not to the MEDIA_ROOT it inherits.
+            with (
+                mock.patch.dict(
+                    os.environ, {"MEDIA_ROOT": inherited, "ARBOR_SAMPLES": str(samples)}
+                ),
+                mock.patch.object(bench_storage, "PI_SAMPLE", pi_file),
+                mock.patch.object(bench_storage, "CLAUDE_CODE_DIR", claude_dir),
+            ):
                 call_command("bench_storage", stdout=out, stderr=io.StringIO())
             assert list(Path(inherited).iterdir()) == []
         figures = json.loads(out.getvalue())
         storage = figures["storage"]
         assert storage["database"] == connection.vendor
-        assert storage["messages"] > 1000  # the pi and Claude Code sessions
-        assert storage["text_bytes"] > 1_000_000
+        assert storage["samples"] == [pi_file.name, CLAUDE_NAME]
+        assert storage["messages"] == messages > 10  # the pi and Claude Code sessions
+        assert storage["text_bytes"] == text > 500
         relations = storage["relations"]
         assert Message._meta.db_table in relations
         assert len(relations) >= 4  # the table and its indexes
