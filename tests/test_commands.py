@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import uuid
 from io import StringIO
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -22,6 +25,7 @@ from conversations.management.commands.seed_demo import DEMO_TITLE, LONG_MODEL, 
 from conversations.models import ApiToken, Checkpoint, Conversation, Message
 from conversations.providers import resolve_model
 from tests.builders import make_user, new_conversation
+from tests.sample_loaders import requires_samples
 
 
 def run(*args: Any, **options: Any) -> tuple[str, str]:
@@ -93,6 +97,7 @@ class SeedDemoTests(TestCase):
         assert "password: admin" in out
         assert "local use only" in out
 
+    @requires_samples
     def test_it_imports_the_real_sample_transcripts_once(self) -> None:
         run("seed_demo")
         admin = get_user_model().objects.get(username="admin")
@@ -104,6 +109,17 @@ class SeedDemoTests(TestCase):
         count = Conversation.objects.filter(owner=admin).count()
         run("seed_demo")
         assert Conversation.objects.filter(owner=admin).count() == count
+
+    def test_without_the_samples_it_says_so_and_builds_the_rest(self) -> None:
+        with tempfile.TemporaryDirectory() as empty:
+            nowhere = str(Path(empty) / "samples")
+            with mock.patch.dict(os.environ, {"ARBOR_SAMPLES": nowhere}):
+                out, _ = run("seed_demo")
+        assert f"No sample transcripts at {nowhere}; none imported." in out
+        admin = get_user_model().objects.get(username="admin")
+        assert not Message.objects.filter(conversation__owner=admin, origin="import").exists()
+        titles = set(Conversation.objects.filter(owner=admin).values_list("title", flat=True))
+        assert {DEMO_TITLE, LONG_TITLE} <= titles
 
     def test_it_builds_a_long_session_compacted_with_the_free_rungs(self) -> None:
         out, _ = run("seed_demo")

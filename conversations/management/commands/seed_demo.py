@@ -9,6 +9,7 @@ half-built and the next run tries again.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -115,8 +116,10 @@ class Command(BaseCommand):
     # --- real transcripts ------------------------------------------------------------
 
     def _import_samples(self, admin: Any) -> None:
-        """Import the real sample transcripts beside the project (../shared/samples)."""
-        samples = Path(settings.BASE_DIR).parent / "shared" / "samples"
+        """Import the real sample transcripts beside the project (../shared/samples, or
+        ARBOR_SAMPLES as for the benches), when they are there: a fresh clone has none."""
+        default = Path(settings.BASE_DIR).parent / "shared" / "samples"
+        samples = Path(os.environ.get("ARBOR_SAMPLES") or default)
         if not samples.is_dir():
             self.stdout.write(f"No sample transcripts at {samples}; none imported.")
             return
