@@ -94,9 +94,15 @@ def count_bytes_tokens(text: str) -> int:
     return math.ceil(len((text or "").encode("utf-8", "surrogatepass")) / 3)
 
 
+def _no_count(text: str) -> int:
+    return 0
+
+
 TOKENIZERS: dict[str, Callable[[str], int]] = {
     "words": count_text_tokens,
     "bytes": count_bytes_tokens,
+    # A trivial upstream: no work per request, so a latency bench's difference is Arbor's.
+    "none": _no_count,
 }
 
 

@@ -45,6 +45,8 @@ from conversations.providers.fake import (
 )
 
 BENCH_USERNAME = "__arbor_bench_gateway__"
+# The latency pairs are split into this many runs; the goal is judged by their median.
+LATENCY_RUNS = 5
 # The latency runs use a model with a large window (requests pass through as they are);
 # the session uses one whose window it outgrows.
 MODEL = "claude-sonnet-4-5"
@@ -164,6 +166,39 @@ def _naive(body: dict[str, Any], limit: int) -> dict[str, Any]:
     return body
 
 
+class _HysteresisTrimmer:
+    """Trimming as a careful proxy does it: when a request is over the limit, the oldest
+    tool results are emptied down to half of it, and those stay emptied, so the prefix
+    is byte-identical (cached) until the limit is crossed again."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.trimmed: set[str] = set()
+
+    def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
+        body = copy.deepcopy(body)
+        results = [
+            block
+            for message in body["messages"]
+            for block in (message["content"] if isinstance(message["content"], list) else [])
+            if block.get("type") == "tool_result"
+        ]
+        for block in results:
+            if block.get("tool_use_id") in self.trimmed:
+                block["content"] = "[trimmed]"
+        total = count_anthropic_request(body)
+        if total > self.limit:
+            for block in results:
+                if total <= self.limit // 2:
+                    break
+                if block.get("content") != "[trimmed]":
+                    before = _count_anthropic_blocks([block], "claude")
+                    block["content"] = "[trimmed]"
+                    self.trimmed.add(str(block.get("tool_use_id")))
+                    total -= before - _count_anthropic_blocks([block], "claude")
+        return body
+
+
 def _bill_dict(bill: Bill) -> dict[str, Any]:
     return {
         "billed_input": round(bill.billed),
@@ -187,13 +222,16 @@ class Command(BaseCommand):
         user = user_model.objects.create_user(BENCH_USERNAME)
         _, token = services.api_token_create(user=user, name="bench")
         fake = FakeLLMServer(context_window=10**7).start()
+        # The latency legs go to an upstream that does no work per request (no token
+        # count of a 137 KB body), so what the gateway adds is Arbor's, not noise.
+        trivial = FakeLLMServer(context_window=10**9, tokenizer="none").start()
         models = Path(tempfile.mkdtemp()) / "models.json"
         models.write_text(
             json.dumps(
                 {
                     "models": {
                         f"anthropic/{MODEL}": {
-                            "base_url": fake.anthropic_base_url,
+                            "base_url": trivial.anthropic_base_url,
                             "context_window": 1_000_000,
                             "max_output": 1024,
                         },
@@ -222,19 +260,24 @@ class Command(BaseCommand):
                     "anthropic-version": "2023-06-01",
                 }
                 result = {
-                    "latency": self._latency(fake, gateway, headers, options["iterations"], pid),
+                    "latency": self._latency(trivial, gateway, headers, options["iterations"], pid),
                     "session": self._session(fake, gateway, headers, options),
                 }
         finally:
             fake.stop()
+            trivial.stop()
             for conversation in Conversation.objects.filter(owner=user):
                 services.conversation_delete(conversation=conversation)
             user.delete()
         latency_300 = result["latency"]["300_messages"]
         session = result["session"]
         result["goals"] = {
-            "p50_added_ms_at_300_le_5": latency_300["added_p50_ms"] <= 5.0,
+            # Judged by the median of interleaved runs, and by the server's CPU per
+            # request (which noise cannot make small).
+            "p50_added_ms_at_300_le_5": 0 <= latency_300["added_p50_ms"] <= 5.0
+            and latency_300["gateway_cpu_ms_per_request"] <= 5.0,
             "arbor_billed_le_half_of_naive": session["arbor_vs_naive"] <= 0.5,
+            "arbor_billed_le_naive_with_hysteresis": session["arbor_vs_naive_hysteresis"] <= 1.0,
             "arbor_never_failed": not session["arbor"]["failed"],
         }
         self.stdout.write(json.dumps(result, indent=2))
@@ -254,8 +297,16 @@ class Command(BaseCommand):
             messages = _conversation(size)
             direct, through = _Client(fake.anthropic_base_url), _Client(gateway)
             times: dict[str, list[float]] = {k: [] for k in ("d", "g", "dt", "gt")}
+            # Each run's added p50 (the pairs are interleaved within every run).
+            runs: list[float] = []
             cpu_from = 0.0
             for i in range(iterations + 3):
+                if i > 3 and (i - 3) % max(1, iterations // LATENCY_RUNS) == 0:
+                    window = max(1, iterations // LATENCY_RUNS) // 2
+                    runs.append(
+                        statistics.median(times["g"][-window:])
+                        - statistics.median(times["d"][-window:])
+                    )
                 stream = i % 2 == 1
                 body = json.dumps(_body(messages, stream=stream)).encode()
                 fake.push(Step.reply("ok"), Step.reply("ok"))
@@ -280,9 +331,8 @@ class Command(BaseCommand):
                 "request_bytes": len(json.dumps(_body(messages))),
                 "direct_p50_ms": round(statistics.median(times["d"]) * ms, 2),
                 "gateway_p50_ms": round(statistics.median(times["g"]) * ms, 2),
-                "added_p50_ms": round(
-                    (statistics.median(times["g"]) - statistics.median(times["d"])) * ms, 2
-                ),
+                "added_p50_ms": round(statistics.median(runs or [0.0]) * ms, 2),
+                "added_p50_ms_per_run": [round(r * ms, 2) for r in runs],
                 "added_p95_ms": round(
                     (percentile(times["g"], 0.95) - percentile(times["d"], 0.95)) * ms, 2
                 ),
@@ -337,7 +387,9 @@ class Command(BaseCommand):
         # The same client requests without Arbor.
         none_cache, none_bill, none_failed = PromptCache(), Bill(), None
         naive_cache, naive_bill = PromptCache(), Bill()
+        steady_cache, steady_bill = PromptCache(), Bill()
         limit = int(0.8 * (window - 1024))
+        steady = _HysteresisTrimmer(limit)
         for n, body in enumerate(sent, start=1):
             if none_failed is None:
                 if count_anthropic_request(body) > window:
@@ -345,6 +397,7 @@ class Command(BaseCommand):
                 else:
                     _add(none_bill, none_cache.bill(body))
             _add(naive_bill, naive_cache.bill(_naive(body, limit)))
+            _add(steady_bill, steady_cache.bill(steady(body)))
         compactions = CompactionRecord.objects.filter(
             conversation__owner__username=BENCH_USERNAME
         ).count()
@@ -356,7 +409,10 @@ class Command(BaseCommand):
                 "failed": none_failed is not None,
                 "failed_at_request": none_failed,
             },
+            # Trimmed on every request: each one rewrites the cached prefix.
             "naive": {**_bill_dict(naive_bill), "failed": False},
+            # Trimmed down to half when over, then kept: the fair baseline.
+            "naive_hysteresis": {**_bill_dict(steady_bill), "failed": False},
             "arbor": {
                 **_bill_dict(arbor_bill),
                 "failed": failed_at is not None,
@@ -366,6 +422,7 @@ class Command(BaseCommand):
                 "max_prompt_tokens": max((r.prompt_tokens or 0) for r in upstream),
             },
             "arbor_vs_naive": round(arbor_bill.billed / max(1.0, naive_bill.billed), 3),
+            "arbor_vs_naive_hysteresis": round(arbor_bill.billed / max(1.0, steady_bill.billed), 3),
         }
 
 
