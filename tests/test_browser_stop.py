@@ -15,11 +15,11 @@ from typing import Any
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.test import TransactionTestCase
 
-from conversations.management.liveserver import uvicorn
 from conversations.models import AttemptStatus, Message, TurnAttempt
 from conversations.providers.fake import FakeLLMServer, Step
 from tests.builders import make_user, new_conversation
 from tests.fake_models import child_env, serve_fake_models
+from tests.live_server import uvicorn_server
 from tests.test_browser_ui import (
     INIT_SCRIPT,
     SCREENSHOTS,
@@ -55,7 +55,7 @@ class StopAndReloadTests(TransactionTestCase):
         self.addCleanup(models.__exit__, None, None, None)
         # The `make run` server on this test's database (it is up once this returns).
         env = dict(child_env(), ALLOWED_HOSTS="127.0.0.1", ARBOR_INPROCESS_JOBS="thread")
-        self.port = self.enterContext(uvicorn(env))
+        self.port = self.enterContext(uvicorn_server(env))
         self.user = make_user("reader")
         # The server keeps Django's real password hashers (the tests' fast one is not
         # among them): a PBKDF2 hash it can check, with few rounds.

@@ -33,8 +33,10 @@ from conversations.providers.fake import FakeLLMServer, Step
 from conversations.turns import turn_run
 from tests.builders import grow, make_user, text
 from tests.fake_models import child_env, serve_fake_models
+from tests.live_server import READY_SECONDS
 from tests.test_import_kill import chatgpt_export
 
+WAIT = READY_SECONDS  # the ceiling on waiting for a worker to do its part
 ROOT = Path(__file__).resolve().parent.parent
 # One Redis database per test process: make test runs the suite in several (xdist).
 _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
@@ -96,7 +98,9 @@ class CeleryWorkerTests(TransactionTestCase):
         outcome = turn_run(conversation=conv, parts=text(question))
         job = CompactionJob.objects.get(conversation=conv)
         assert job.anchor_id == outcome.tip and job.trigger == "proactive"
-        wait_for("the job to end", lambda: _state(job) in ("done", "failed"), self.worker, 90)
+        wait_for(
+            "the job to end", lambda: _state(job) in ("done", "failed"), self.worker, READY_SECONDS
+        )
         job.refresh_from_db()
         assert job.state == "done", job.error
         assert job.attempts == 1
@@ -125,7 +129,9 @@ class CeleryWorkerTests(TransactionTestCase):
             owner=user, upload=SimpleUploadedFile("session.jsonl", data), format="pi"
         )
         ended = ("done", "failed")
-        wait_for("the import to end", lambda: _import_state(job) in ended, self.worker, 120)
+        wait_for(
+            "the import to end", lambda: _import_state(job) in ended, self.worker, READY_SECONDS
+        )
         job.refresh_from_db()
         assert job.state == "done", job.error
         assert job.conversations_done == 1 and job.messages_done == 9
@@ -237,12 +243,12 @@ class WorkerDeathTests(JobScene):
         worker = start_worker(pool="prefork")
         self.addCleanup(stop, worker)
         job = self.enqueue()
-        wait_for("the summary call", lambda: self.summary_requests() == 1, worker, 90)
+        wait_for("the summary call", lambda: self.summary_requests() == 1, worker, READY_SECONDS)
         (child,) = pool_children(worker)
         os.kill(child, signal.SIGKILL)
         # The worker redelivers the task at once (acks_late, reject_on_worker_lost); the
         # new pool process takes the job from the dead one without waiting for its lease.
-        wait_for("the job to end", lambda: _state(job) in ("done", "failed"), worker, 90)
+        wait_for("the job to end", lambda: _state(job) in ("done", "failed"), worker, READY_SECONDS)
         self.assert_done_once(job, attempts=2)
         assert worker.poll() is None
 
@@ -251,14 +257,14 @@ class WorkerDeathTests(JobScene):
         first = start_worker(pool="prefork")
         self.addCleanup(stop, first)
         job = self.enqueue()
-        wait_for("the summary call", lambda: self.summary_requests() == 1, first, 90)
+        wait_for("the summary call", lambda: self.summary_requests() == 1, first, READY_SECONDS)
         stop(first)  # kill -9 of the worker and its pool process
         job.refresh_from_db()
         assert job.state == "running"
         # The next worker to start sweeps: the job's process is gone, so it runs again.
         second = start_worker(pool="prefork")
         self.addCleanup(stop, second)
-        wait_for("the job to end", lambda: _state(job) in ("done", "failed"), second, 90)
+        wait_for("the job to end", lambda: _state(job) in ("done", "failed"), second, READY_SECONDS)
         self.assert_done_once(job, attempts=2)
 
 
@@ -286,7 +292,7 @@ class ImportWorkerDeathTests(TransactionTestCase):
             "the first conversations",
             lambda: ImportJob.objects.get(pk=job.pk).conversations_done >= 3,
             worker,
-            90,
+            READY_SECONDS,
         )
         return job
 
@@ -294,7 +300,7 @@ class ImportWorkerDeathTests(TransactionTestCase):
         self, job: ImportJob, worker: subprocess.Popen[bytes]
     ) -> None:
         wait_for("the job to end", lambda: _import_state(job) != "running",
-                 worker, 60)  # fmt: skip
+                 worker, READY_SECONDS)  # fmt: skip
         job.refresh_from_db()
         assert job.state == "failed" and job.error.startswith("interrupted"), job.error
         kept = job.report["conversation_ids"]
@@ -380,7 +386,7 @@ class BrokerRestartTests(JobScene):
         time.sleep(1.2)
         worker = start_worker(broker=self.redis.url, ARBOR_JOB_REQUEUE_SECONDS="1")
         self.addCleanup(stop, worker)
-        wait_for("the job to end", lambda: _state(job) in ("done", "failed"), worker, 90)
+        wait_for("the job to end", lambda: _state(job) in ("done", "failed"), worker, READY_SECONDS)
         self.assert_done_once(job, attempts=1)
 
     def test_a_job_running_through_a_broker_restart_finishes(self) -> None:
@@ -388,9 +394,9 @@ class BrokerRestartTests(JobScene):
         worker = start_worker(broker=self.redis.url)
         self.addCleanup(stop, worker)
         job = self.enqueue()
-        wait_for("the summary call", lambda: self.summary_requests() == 1, worker, 90)
+        wait_for("the summary call", lambda: self.summary_requests() == 1, worker, READY_SECONDS)
         self.redis.restart()
-        wait_for("the job to end", lambda: _state(job) in ("done", "failed"), worker, 90)
+        wait_for("the job to end", lambda: _state(job) in ("done", "failed"), worker, READY_SECONDS)
         self.assert_done_once(job, attempts=1)
         # The worker is still there, back on the broker: the next job runs too.
         other = services.conversation_create(owner=self.user, title="next", model="openai/textonly")
@@ -403,5 +409,7 @@ class BrokerRestartTests(JobScene):
             trigger="manual",
         )  # fmt: skip
         assert second is not None
-        wait_for("the next job", lambda: _state(second) in ("done", "failed"), worker, 90)
+        wait_for(
+            "the next job", lambda: _state(second) in ("done", "failed"), worker, READY_SECONDS
+        )
         assert _state(second) == "done"

@@ -17,6 +17,7 @@ from django.test import Client, TransactionTestCase
 from conversations.models import Conversation, ImportJob, ImportState, Message
 from tests.builders import make_user
 from tests.fake_models import child_env
+from tests.live_server import READY_SECONDS
 from tests.test_asgi_streaming import ROOT
 
 
@@ -61,7 +62,7 @@ class ImportKillTests(TransactionTestCase):
             cwd=ROOT, env=child_env(),
         )  # fmt: skip
         self.addCleanup(child.wait, 10)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + READY_SECONDS  # the child starts Django first
         while time.monotonic() < deadline:
             job.refresh_from_db()
             if job.conversations_done >= 5:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,7 +21,7 @@ from conversations.models import Message
 from conversations.providers.fake import FakeLLMServer, Step, count_openai_request
 from tests.builders import grow, make_user, snapshot_page_blobs
 from tests.fake_models import child_env
-from tests.test_asgi_streaming import ROOT, free_port
+from tests.live_server import READY_SECONDS, free_port, start_uvicorn, stop
 
 MODEL = "openai/vision-live"
 
@@ -48,21 +46,8 @@ class LiveLadderTests(TransactionTestCase):
             OPENAI_API_KEY="sk-test",
             ARBOR_INPROCESS_JOBS="thread",
         )
-        server = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "arbor.asgi:application",
-             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
-            cwd=ROOT, env=env,
-        )  # fmt: skip
-        self.addCleanup(server.wait, 20)
-        self.addCleanup(server.terminate)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                self.call("GET", "/api/conversations", auth=False)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "uvicorn did not start"
-                time.sleep(0.2)
+        server = start_uvicorn(env, self.port, path="/api/conversations")
+        self.addCleanup(stop, server)
         self.user = make_user("harness")
         _, self.secret = services.api_token_create(user=self.user, name="live")
 
@@ -98,7 +83,7 @@ class LiveLadderTests(TransactionTestCase):
         first = json.loads(raw)
         record = CompactionRecord.objects.filter(conversation=conv).latest("created_at")
         assert "snapshot" in record.rung_names
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + READY_SECONDS
         while CompactionJob.objects.filter(
             conversation=conv, state__in=[JobState.QUEUED, JobState.RUNNING]
         ).exists():

@@ -26,6 +26,7 @@ from conversations.providers.fake import FakeLLMServer, Step
 from conversations.turns import turn_run
 from tests.builders import make_user, text
 from tests.fake_models import child_env, serve_fake_models
+from tests.live_server import READY_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE = FakeLLMServer(context_window=8000)
@@ -203,7 +204,7 @@ class ModelRewindCrashTests(TransactionTestCase):
              "openai/test", "explore", "--block-tool", str(ready)],
             env=child_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + READY_SECONDS  # the child starts Django first
         while not ready.exists():
             assert child.poll() is None, child.stderr.read().decode()
             assert time.monotonic() < deadline, "the child never reached the tool"

@@ -19,7 +19,7 @@ from conversations import services
 from conversations.models import ImportJob, ImportState
 from tests.builders import gone_process, grow, make_user
 from tests.fake_models import child_env
-from tests.test_asgi_streaming import ROOT, free_port
+from tests.live_server import READY_SECONDS, ROOT, free_port
 
 MODEL = "openai/gpt-4o-mini"
 
@@ -66,7 +66,8 @@ class StartupSweepTests(TransactionTestCase):
                 ImportJob.objects.get(pk=stopped.pk).state,
             )
 
-        deadline = time.monotonic() + 60
+        # The server starts, then sweeps: generous on a busy machine (READY_SECONDS).
+        deadline = time.monotonic() + READY_SECONDS
         while states() != ("done", "done", "failed"):
             assert server.poll() is None, "the server exited"
             assert time.monotonic() < deadline, states()

@@ -31,6 +31,7 @@ from conversations.services import transcript_resume
 from conversations.turns import attempt_is_stale
 from tests.builders import make_user, new_conversation, text, tool_turn
 from tests.fake_models import PROTOCOLS, child_env, serve_fake_models
+from tests.live_server import READY_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
 # Started (and stopped) by the module fixture below.
@@ -399,7 +400,7 @@ class CrashTests(TransactionTestCase):
         )  # fmt: skip
 
     def wait_for(self, condition: Any, what: str, child: subprocess.Popen[bytes]) -> None:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + READY_SECONDS  # the child starts Django first
         while not condition():
             if child.poll() is not None:
                 raise AssertionError(f"child exited early: {child.stderr.read().decode()}")
@@ -531,7 +532,7 @@ class LeaseTests(TransactionTestCase):
             runner = threading.Thread(target=run)
             runner.start()
             try:
-                deadline = time.monotonic() + 10
+                deadline = time.monotonic() + READY_SECONDS
                 while not TurnAttempt.objects.filter(conversation=conv).exists():
                     assert time.monotonic() < deadline
                     time.sleep(0.05)
