@@ -14,9 +14,7 @@ import http.client
 import json
 import re
 import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,7 @@ from conversations import services
 from conversations.providers.fake import FakeLLMServer, Step
 from tests.builders import make_user
 from tests.fake_models import child_env
-from tests.test_asgi_streaming import ROOT, free_port
+from tests.live_server import free_port, start_uvicorn
 
 ANTHROPIC_MODEL = "claude-sonnet-4-5"
 OPENAI_MODEL = "gpt-4o-mini"
@@ -106,19 +104,8 @@ class LiveGateway:
             ARBOR_INPROCESS_JOBS="thread",
             **self.extra_env,
         )
-        self.server = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "arbor.asgi:application",
-             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
-            cwd=ROOT, env=env,
-        )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                self.call("GET", "/gateway/anthropic")
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "uvicorn did not start"
-                time.sleep(0.2)
+        # Up once it answers (READY_SECONDS at most: a busy machine starts it late).
+        self.server = start_uvicorn(env, self.port, path="/gateway/anthropic")
 
     def kill(self) -> None:
         """kill -9 the server process."""
