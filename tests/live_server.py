@@ -22,6 +22,9 @@ from conversations.management.liveserver import free_port
 ROOT = Path(__file__).resolve().parent.parent
 # The ceiling on waiting for a server, a worker or a child process to come up.
 READY_SECONDS = 120.0
+# The ceiling on waiting for a job that reads its pages back with tesseract (OCR): tens
+# of seconds on a quiet machine, several minutes on a loaded one.
+OCR_SECONDS = 600
 
 
 def http_answers(port: int, path: str = "/login/") -> Callable[[], bool]:

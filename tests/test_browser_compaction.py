@@ -17,6 +17,7 @@ from compaction.models import CompactionJob, CompactionRecord, JobState
 from compaction.tasks import run_compaction_job
 from conversations import services
 from tests.builders import grow, make_user
+from tests.live_server import OCR_SECONDS, READY_SECONDS
 from tests.test_browser_ui import BrowserTestCase
 
 # The fake provider's Anthropic-style model reads images; its 4000-token window is
@@ -63,7 +64,7 @@ class ContextPanelTests(BrowserTestCase):
         real_ocr = render.ocr_cer
 
         def ocr(drawn: Any) -> float | None:
-            release.wait(60)
+            release.wait(READY_SECONDS)
             return real_ocr(drawn)
 
         errors: list[BaseException] = []
@@ -76,9 +77,8 @@ class ContextPanelTests(BrowserTestCase):
             assert page.locator("#job-list .job.running progress").count() == 1
             release.set()
             # The result replaces it; the gauge and the record list refresh themselves.
-            # (Real OCR of a page: on a loaded machine it takes longer than the default
-            # 15 s wait.)
-            page.wait_for_selector("#job-list .job.done .job-record a", timeout=60_000)
+            # (Real OCR of a page: on a loaded machine it takes minutes, not seconds.)
+            page.wait_for_selector("#job-list .job.done .job-record a", timeout=OCR_SECONDS * 1000)
             worker.join()
         assert errors == [], errors
         record = CompactionRecord.objects.get(conversation=self.conv)

@@ -61,7 +61,7 @@ class ImportTests(BrowserTestCase):
         page.goto(self.url("/import/"))
         page.set_input_files("input[name=file]", str(SAMPLE))
         page.click("button:has-text('Import')")
-        page.wait_for_selector(".state.done", timeout=30_000)
+        page.wait_for_selector(".state.done")
 
     def test_progress_to_the_end_then_a_second_upload_is_noticed_and_copied_on_request(
         self,
@@ -77,7 +77,7 @@ class ImportTests(BrowserTestCase):
         assert Conversation.objects.filter(owner=user).count() == 2
         self.page.screenshot(path=str(SCREENSHOTS / "import-duplicates-1280.png"), full_page=True)
         self.page.click("button.import-again")
-        self.page.wait_for_selector(".state.done", timeout=30_000)
+        self.page.wait_for_selector(".state.done")
         assert "Imported 2 conversations" in self.page.locator("#import-progress").inner_text()
         assert Conversation.objects.filter(owner=user).count() == 4
         self.assert_clean()

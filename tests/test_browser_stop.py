@@ -19,8 +19,9 @@ from conversations.models import AttemptStatus, Message, TurnAttempt
 from conversations.providers.fake import FakeLLMServer, Step
 from tests.builders import make_user, new_conversation
 from tests.fake_models import child_env, serve_fake_models
-from tests.live_server import uvicorn_server
+from tests.live_server import READY_SECONDS, uvicorn_server
 from tests.test_browser_ui import (
+    BROWSER_WAIT_MS,
     INIT_SCRIPT,
     SCREENSHOTS,
     _browser_available,
@@ -70,7 +71,7 @@ class StopAndReloadTests(TransactionTestCase):
         context.add_init_script(INIT_SCRIPT)
         self.addCleanup(context.close)
         page = context.new_page()
-        page.set_default_timeout(20_000)
+        page.set_default_timeout(BROWSER_WAIT_MS)
         errors: list[str] = []
         page.on("pageerror", lambda error: errors.append(str(error)))
         self.addCleanup(lambda: self.assertEqual(errors, []))
@@ -119,7 +120,7 @@ class StopAndReloadTests(TransactionTestCase):
         assert 5 <= len(words) < 160 and STORY.startswith(answer), answer
         assert self.prompts(f"Tell me a story ({name})") == 1
         # The fake notices the hang-up when it next writes to the socket.
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + READY_SECONDS
         while not self.fake.requests[-1].cut:
             assert time.monotonic() < deadline, "the model's request was not cut"
             time.sleep(0.05)
@@ -150,7 +151,7 @@ class StopAndReloadTests(TransactionTestCase):
         page.wait_for_function(f"() => ({LIVE_WORDS}) > {first + 10}")
         assert page.is_visible(".stop-form button")
         # The end: the saved answer replaces the live one, whole.
-        page.wait_for_selector("#live-answer", state="detached", timeout=30_000)
+        page.wait_for_selector("#live-answer", state="detached")
         answer = page.locator(".msg.assistant").last.locator(".parts").inner_text().strip()
         assert answer == STORY
         assert self.prompts("Tell me a story, then I reload") == 1
@@ -168,7 +169,7 @@ class StopAndReloadTests(TransactionTestCase):
         page.wait_for_selector(".running-elsewhere #live-answer")
         assert page.is_visible(".stop-form button")
         page.screenshot(path=str(SCREENSHOTS / "reload-regenerating-1280.png"))
-        page.wait_for_selector("#live-answer", state="detached", timeout=30_000)
+        page.wait_for_selector("#live-answer", state="detached")
         answer = page.locator(".msg.assistant").last
         assert answer.locator(".parts").inner_text().strip() == STORY
         assert answer.locator(".sib-pos").inner_text() == "2/2"

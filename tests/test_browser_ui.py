@@ -21,6 +21,7 @@ from conversations.models import Conversation, Message
 from conversations.providers.fake import FakeLLMServer, Step
 from tests.builders import make_user, new_conversation, text
 from tests.fake_models import serve_fake_models
+from tests.live_server import READY_SECONDS
 
 # Playwright's sync API runs an event loop in this thread; the ORM calls the tests make
 # between browser steps are still plain synchronous calls.
@@ -77,6 +78,10 @@ def stop_chromium(playwright: Any, browser: Any) -> None:
     playwright.stop()
 
 
+# Playwright's ceiling on each wait of a page: half of a server's start (READY_SECONDS).
+BROWSER_WAIT_MS = int(READY_SECONDS * 1000) // 2
+
+
 class BrowserTestCase(StaticLiveServerTestCase):
     host = "127.0.0.1"
 
@@ -105,7 +110,9 @@ class BrowserTestCase(StaticLiveServerTestCase):
         self.context.add_init_script(INIT_SCRIPT)
         self.addCleanup(self.context.close)
         self.page = self.context.new_page()
-        self.page.set_default_timeout(15_000)
+        # A ceiling, not a wait: a page that is right returns at once, and one on a busy
+        # machine (a build running beside the tests) gets the time it needs.
+        self.page.set_default_timeout(BROWSER_WAIT_MS)
         self.page.on("request", self._record_request)
         self.page.on("console", self._record_console)
         self.page.on("dialog", lambda dialog: dialog.dismiss())

@@ -41,6 +41,7 @@ from conversations.providers import resolve_model
 from conversations.providers.fake import FakeLLMServer
 from tests.builders import gone_process, grow, make_user, new_conversation, tool_turn
 from tests.fake_models import serve_fake_models
+from tests.live_server import OCR_SECONDS
 from tests.test_ui_pages import png_bytes
 
 FAKE = FakeLLMServer()
@@ -648,7 +649,9 @@ class CompactNowOnAWorkerThreadTests(TransactionTestCase):
                 'class="job queued"' in response.content.decode()
             )
             release.set()
-            deadline = time.monotonic() + 60
+            # A ceiling, not a measure: the job measures its pages with tesseract, which
+            # on a busy machine takes minutes.
+            deadline = time.monotonic() + OCR_SECONDS
             while job.state not in (JobState.DONE, JobState.FAILED):
                 assert time.monotonic() < deadline, job.progress
                 time.sleep(0.1)
