@@ -183,8 +183,12 @@ def test_it_renders_identical_bytes_for_identical_text() -> None:
 
 
 def test_it_renders_identical_bytes_in_a_fresh_process() -> None:
+    # The test module imports the sample loaders, which import Django models.
     script = (
-        "import hashlib\n"
+        "import hashlib, os, django\n"
+        "os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'arbor.settings')\n"
+        "os.environ.setdefault('SECRET_KEY', 'test-only-secret-key-not-for-production')\n"
+        "django.setup()\n"
         "from tests.test_snapshot_render import AGENT_TRANSCRIPT\n"
         "from compaction.render import render_pages\n"
         "pages = render_pages(AGENT_TRANSCRIPT).pages\n"
