@@ -4,8 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-# Checks and tests never need a real secret.
-TEST_ENV := SECRET_KEY=test-only-secret-key-not-for-production
+# Checks and tests never need a real secret. The benches chat with the offline demo
+# (fake/*), which a server with DEBUG off offers only with ARBOR_FAKE_MODELS=1.
+TEST_ENV := SECRET_KEY=test-only-secret-key-not-for-production ARBOR_FAKE_MODELS=1
 
 # Real agent harnesses for the gateway tests (tests/test_gateway_harness.py) and the
 # importer tests (Codex: tests/test_import_codex.py), from the npm registry at pinned

@@ -18,6 +18,11 @@ os.environ.setdefault("SECURE_COOKIES", "0")
 # The tests talk to the offline demo model unless they choose another; a deployment
 # with DEBUG off never falls back to it by itself (arbor/settings.py).
 os.environ.setdefault("ARBOR_DEFAULT_MODEL", "fake/demo")
+# The model policy as `make run` has it: the demo and the built-in table offered (the
+# production defaults, declared models only and no demo, are tested explicitly in
+# tests/test_model_policy.py). Servers the tests start inherit these.
+os.environ.setdefault("ARBOR_FAKE_MODELS", "1")
+os.environ.setdefault("ARBOR_MODEL_POLICY", "builtin")
 (Path(__file__).resolve().parent / "var").mkdir(exist_ok=True)
 
 
@@ -25,6 +30,8 @@ def pytest_configure(config: object) -> None:
     # Background jobs without a broker run inside the call that queued them, so a test
     # sees them done; tests of the worker-thread default override the setting.
     from django.conf import settings
+
+    from arbor.env import env_bool
 
     settings.ARBOR_INPROCESS_JOBS = "inline"
     # A TestCase's rows are uncommitted on the test's own connection: the gateway's
@@ -37,6 +44,8 @@ def pytest_configure(config: object) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     # Django's settings may be read before this module sets the variable above.
     settings.ARBOR_DEFAULT_MODEL = os.environ["ARBOR_DEFAULT_MODEL"]
+    settings.ARBOR_FAKE_MODELS = env_bool("ARBOR_FAKE_MODELS")
+    settings.ARBOR_MODEL_POLICY = os.environ["ARBOR_MODEL_POLICY"]
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -243,6 +243,26 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("ARBOR_MAX_REQUEST_BYTES", 16 * 1024 * 102
 # default unless one is set (e.g. ARBOR_DEFAULT_MODEL=openai/gpt-4o-mini): a production
 # chat never answers from the demo by accident.
 ARBOR_DEFAULT_MODEL = env_str("ARBOR_DEFAULT_MODEL", "fake/demo" if DEBUG else "")
+# Which models users may call on Arbor's keys, in chat turns, the context API and the
+# gateway alike (conversations/providers/registry.py, model_allowed): "declared" (the
+# ARBOR_MODELS file's models and ARBOR_DEFAULT_MODEL) or "builtin" (Arbor's table of
+# well-known models too). Never the built-ins by default in production: the operator
+# pays for every token. The offline demo (fake/*) is a development tool, off unless
+# DEBUG is on or ARBOR_FAKE_MODELS=1 (the test suite's servers).
+ARBOR_MODEL_POLICY = env_str("ARBOR_MODEL_POLICY", "builtin" if DEBUG else "declared")
+if ARBOR_MODEL_POLICY not in ("declared", "builtin"):
+    raise ImproperlyConfiguredEnv("ARBOR_MODEL_POLICY must be declared or builtin")
+ARBOR_FAKE_MODELS = env_bool("ARBOR_FAKE_MODELS", DEBUG)
+if env_str("ARBOR_MODELS", "").strip():
+    # A missing or broken models file stops the process here, with the file named for
+    # the operator, rather than reaching users' requests. (It is read again when it
+    # changes: one broken later is logged, and requests are refused without its path.)
+    from conversations.providers.registry import declared_models
+
+    try:
+        declared_models()
+    except ValueError as exc:
+        raise ImproperlyConfiguredEnv(str(exc)) from None
 ARBOR_MAX_TOOL_ROUNDS = env_int("ARBOR_MAX_TOOL_ROUNDS", 8)
 # A "running" attempt whose heartbeat is older than this is treated as interrupted.
 ARBOR_ATTEMPT_STALE_SECONDS = env_int("ARBOR_ATTEMPT_STALE_SECONDS", 300)

@@ -33,12 +33,15 @@ from conversations.providers import (
     make_provider,
     parse_overflow,
     redact,
-    resolve_model,
     to_anthropic,
     to_openai,
 )
 from conversations.providers.client import Provider
 from conversations.providers.fake import FakeLLMServer, Step, count_text_tokens
+
+# What the registry knows of any id, without the operator's model policy (its tests:
+# tests/test_model_policy.py).
+from conversations.providers.registry import describe_model
 
 KEY = "sk-test-SECRET"
 PROTOCOLS = ["openai", "anthropic"]
@@ -77,7 +80,7 @@ def connect(
     api_key: str | None = KEY,
     load_blob: Any = None,
 ) -> Provider:
-    spec = resolve_model(f"{protocol}/test-model")
+    spec = describe_model(f"{protocol}/test-model")
     base_url = fake.openai_base_url if protocol == "openai" else fake.anthropic_base_url
     return make_provider(
         spec, base_url=base_url, api_key=api_key, settings=settings, load_blob=load_blob
@@ -109,13 +112,13 @@ ADD = ToolSpec(
 
 
 def test_it_assumes_defaults_for_unknown_models_and_says_so() -> None:
-    local = resolve_model("openai/my-local-llama")
+    local = describe_model("openai/my-local-llama")
     assert (local.provider, local.model) == ("openai", "my-local-llama")
     assert (local.context_window, local.max_output) == (128_000, 4_096)
     assert local.assumed and local.notice and "assumed" in local.notice
     assert local.base_url is None
 
-    claude = resolve_model("anthropic/claude-future-9")
+    claude = describe_model("anthropic/claude-future-9")
     assert (claude.provider, claude.context_window, claude.max_output) == (
         "anthropic",
         200_000,
@@ -125,23 +128,23 @@ def test_it_assumes_defaults_for_unknown_models_and_says_so() -> None:
 
 
 def test_it_knows_well_known_models_and_their_snapshots() -> None:
-    sonnet = resolve_model("anthropic/claude-sonnet-4-5-20250929")
+    sonnet = describe_model("anthropic/claude-sonnet-4-5-20250929")
     assert sonnet.context_window == 200_000 and sonnet.max_output == 64_000
     assert not sonnet.assumed and sonnet.notice is None
-    mini = resolve_model("openai/gpt-4o-mini")
+    mini = describe_model("openai/gpt-4o-mini")
     assert (mini.max_output, mini.vision, mini.image_billing) == (16_384, True, "openai-tile")
     # A model name may itself contain slashes (OpenRouter, Hugging Face ids).
-    assert resolve_model("openai/meta-llama/Llama-3-8B").model == "meta-llama/Llama-3-8B"
+    assert describe_model("openai/meta-llama/Llama-3-8B").model == "meta-llama/Llama-3-8B"
 
 
 @pytest.mark.parametrize("bad", ["gpt-4o", "azure/gpt-4o", "openai/", "", "/x"])
 def test_it_rejects_an_id_without_a_known_provider_prefix(bad: str) -> None:
     with pytest.raises(ValueError, match=r"openai/<model>|names no model"):
-        resolve_model(bad)
+        describe_model(bad)
 
 
 def test_it_marks_fake_models_as_the_offline_demo() -> None:
-    spec = resolve_model("fake/echo")
+    spec = describe_model("fake/echo")
     assert spec.fake and spec.provider == "openai" and not spec.assumed
     assert spec.notice and "offline demo" in spec.notice and "not an LLM" in spec.notice
 
@@ -163,16 +166,16 @@ max_output = 16000
         encoding="utf-8",
     )
     monkeypatch.setenv("ARBOR_MODELS", str(path))
-    llama = resolve_model("openai/llama3")
+    llama = describe_model("openai/llama3")
     assert llama.model == "llama3.1:8b"
     assert llama.base_url == "http://127.0.0.1:11434/v1"
     assert llama.api_key_env == "OLLAMA_API_KEY"
     assert (llama.context_window, llama.max_output, llama.assumed) == (8192, 2048, False)
     # The file overrides one field and keeps the built-in rest.
-    sonnet = resolve_model("anthropic/claude-sonnet-4-5")
+    sonnet = describe_model("anthropic/claude-sonnet-4-5")
     assert (sonnet.context_window, sonnet.max_output) == (200_000, 16_000)
     # Models the file does not name still resolve.
-    assert resolve_model("openai/other").assumed
+    assert describe_model("openai/other").assumed
 
 
 def test_it_reads_a_json_models_file(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -194,9 +197,9 @@ def test_it_reads_a_json_models_file(tmp_path: Any, monkeypatch: pytest.MonkeyPa
         encoding="utf-8",
     )
     monkeypatch.setenv("ARBOR_MODELS", str(path))
-    tiny = resolve_model("openai/tiny")
+    tiny = describe_model("openai/tiny")
     assert (tiny.context_window, tiny.vision, tiny.image_billing) == (4000, True, "openai-patch")
-    small = resolve_model("fake/small")
+    small = describe_model("fake/small")
     assert small.fake and small.context_window == 600
 
 
@@ -221,7 +224,7 @@ def test_it_names_the_problem_in_a_malformed_models_file(
     path.write_text(content, encoding="utf-8")
     monkeypatch.setenv("ARBOR_MODELS", str(path))
     with pytest.raises(ValueError) as err:
-        resolve_model("openai/x")
+        describe_model("openai/x")
     message = str(err.value)
     assert "ARBOR_MODELS file" in message and name in message
     assert problem in message
@@ -234,13 +237,13 @@ def test_it_rejects_an_output_limit_as_large_as_the_window(
     path.write_text('{"models": {"openai/x": {"context_window": 100, "max_output": 100}}}')
     monkeypatch.setenv("ARBOR_MODELS", str(path))
     with pytest.raises(ValueError, match=r"max_output \(100\) must be smaller"):
-        resolve_model("openai/x")
+        describe_model("openai/x")
 
 
 def test_it_names_a_missing_models_file(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ARBOR_MODELS", str(tmp_path / "nope.toml"))
     with pytest.raises(ValueError, match=r"ARBOR_MODELS file .*nope\.toml.* cannot be read"):
-        resolve_model("openai/x")
+        describe_model("openai/x")
 
 
 # --- overflow parsing -----------------------------------------------------------------
@@ -720,7 +723,7 @@ def test_an_openai_answer_that_is_not_a_json_object_is_a_provider_error(
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        spec = resolve_model("openai/test-model")
+        spec = describe_model("openai/test-model")
         url = f"http://127.0.0.1:{server.server_address[1]}/v1"
         with make_provider(spec, base_url=url, api_key=KEY, settings=FAST) as provider:
             if content_type == "text/event-stream":

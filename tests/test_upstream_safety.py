@@ -166,16 +166,16 @@ def no_key_in(seen: list[dict[str, Any]]) -> None:
         assert ANTHROPIC_KEY not in words and OPENAI_KEY not in words, request
 
 
-def gateway_post(protocol: str, token: str, **headers: str) -> Any:
+def gateway_post(protocol: str, token: str, model: str = "hostile", **headers: str) -> Any:
     """One gateway request, in-process (the ASGI handler on this thread's database
     connection), its upstream connection pool closed in the request's own loop."""
     if protocol == "anthropic":
         path = "/gateway/anthropic/v1/messages"
-        body: dict[str, Any] = {"model": "hostile", "max_tokens": 50}
+        body: dict[str, Any] = {"model": model, "max_tokens": 50}
         headers = {"x-api-key": token, "anthropic-version": "2023-06-01", **headers}
     else:
         path = "/gateway/openai/v1/chat/completions"
-        body = {"model": "hostile"}
+        body = {"model": model}
         headers = {"authorization": f"Bearer {token}", **headers}
     body["messages"] = [{"role": "user", "content": "hi"}]
 

@@ -23,11 +23,26 @@ the UI can say the numbers are a guess::
     api_key_env = "OLLAMA_API_KEY"    # which variable holds its key (optional)
     context_window = 8192
     max_output = 2048
+
+Which of these models users may call on Arbor's keys is the operator's **model
+policy** (``model_allowed``), checked here, by ``resolve_model``, for every entry point
+(chat turns, the context API, the gateway):
+
+- ``ARBOR_MODEL_POLICY=declared`` (the default with DEBUG off): the models declared in
+  the ARBOR_MODELS file, and those the settings name (``ARBOR_DEFAULT_MODEL``);
+- ``ARBOR_MODEL_POLICY=builtin`` (the default with DEBUG on, so ``make run`` works
+  without a file): the built-in table of well-known models too;
+- an undeclared model outside the table is never offered, and ``fake/*`` only when
+  ``ARBOR_FAKE_MODELS`` is on (the default with DEBUG on only).
+
+``describe_model`` tells what Arbor knows of any id, without the policy (tests, and
+callers that only budget).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tomllib
 from dataclasses import dataclass, replace
@@ -36,6 +51,8 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from conversations.providers.billing import BILLING_RULES
+
+log = logging.getLogger("arbor.providers")
 
 ProviderKind = Literal["openai", "anthropic"]
 PREFIXES = ("openai", "anthropic", "fake")
@@ -254,14 +271,114 @@ def declared_models() -> dict[str, dict[str, Any]]:
     return _cache[key]
 
 
+class ModelNotOffered(ValueError):
+    """The operator's model policy does not offer this model to users (see the module
+    docstring). Its message names the model, never a path on the server."""
+
+
+class ModelsFileError(ValueError):
+    """The ARBOR_MODELS file cannot be read or is not valid: the server is misconfigured,
+    not the request. The message names neither the file's path nor its content (it may
+    reach a client); the details go to the server's log."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            f"the server's model configuration ({MODELS_ENV}) cannot be read; an operator "
+            "must fix it (the server's log says what is wrong)"
+        )
+
+
+_reported: set[str] = set()
+
+
+def _declared_checked() -> dict[str, dict[str, Any]]:
+    """``declared_models()`` for a request: a broken file is logged, with its details,
+    and raised as a ModelsFileError that names no path."""
+    try:
+        declared = declared_models()
+    except ValueError as exc:
+        # Once per problem (until the file reads well again), not once per request.
+        if str(exc) not in _reported:
+            _reported.add(str(exc))
+            log.error("model registry: %s", exc)
+        raise ModelsFileError from None
+    _reported.clear()
+    return declared
+
+
+def _policy() -> tuple[str, bool, set[str]]:
+    """(policy, whether fake/* is offered, the model ids the settings name)."""
+    from django.conf import settings
+
+    named = {
+        str(getattr(settings, name, "") or "")
+        for name in ("ARBOR_DEFAULT_MODEL", "ARBOR_GATEWAY_DEFAULT_MODEL")
+    }
+    return (
+        str(getattr(settings, "ARBOR_MODEL_POLICY", "declared")),
+        bool(getattr(settings, "ARBOR_FAKE_MODELS", False)),
+        named - {""},
+    )
+
+
+def model_allowed(model_id: str) -> bool:
+    """Whether the operator's model policy lets users call ``model_id`` on Arbor's keys:
+    ``fake/*`` only when ARBOR_FAKE_MODELS is on; else a model declared in ARBOR_MODELS
+    or named by the settings (ARBOR_DEFAULT_MODEL); else, under the ``builtin`` policy
+    only, one in the built-in table. Raises ValueError for a malformed id, and
+    ModelsFileError when the ARBOR_MODELS file is broken."""
+    return _allowed(model_id, _declared_checked())
+
+
+def _allowed(model_id: str, declared: dict[str, dict[str, Any]]) -> bool:
+    prefix, name = split_model_id(model_id)
+    policy, fake_offered, named = _policy()
+    if prefix == "fake":
+        return fake_offered
+    if model_id in declared or model_id in named:
+        return True
+    return policy == "builtin" and _builtin(prefix, name) is not None
+
+
+def _refusal(model_id: str) -> ModelNotOffered:
+    if model_id.startswith("fake/"):
+        why = "the offline demo models (fake/*) are offered only on a development server"
+    elif _policy()[0] == "builtin":
+        why = (
+            "not configured: the operator offers the models declared in the "
+            f"{MODELS_ENV} file and Arbor's built-in table"
+        )
+    else:
+        why = f"not configured: the operator offers only the models declared in {MODELS_ENV}"
+    return ModelNotOffered(f"model {model_id!r} is not offered on this server ({why})")
+
+
 def resolve_model(model_id: str) -> ModelSpec:
-    """Everything Arbor needs to call and budget for ``model_id``.
+    """Everything Arbor needs to call and budget for ``model_id``, a model the operator's
+    policy offers (``model_allowed``): the one check every entry point goes through.
+
+    Raises ModelNotOffered for a model the policy does not offer, ValueError for an id
+    without a known provider prefix or inconsistent limits, ModelsFileError (a ValueError
+    naming no path) for a broken ARBOR_MODELS file.
+    """
+    declared = _declared_checked()
+    if not _allowed(model_id, declared):
+        raise _refusal(model_id)
+    return _describe(model_id, declared)
+
+
+def describe_model(model_id: str) -> ModelSpec:
+    """What Arbor knows of ``model_id`` (limits, endpoint), whatever the policy says.
 
     Raises ValueError for an id without a known provider prefix or a malformed
-    ARBOR_MODELS file.
+    ARBOR_MODELS file (naming the file: for the operator, not for a client).
     """
+    return _describe(model_id, declared_models())
+
+
+def _describe(model_id: str, declared_all: dict[str, dict[str, Any]]) -> ModelSpec:
     prefix, name = split_model_id(model_id)
-    declared = declared_models().get(model_id)
+    declared = declared_all.get(model_id)
     builtin = _builtin(prefix, name)
     base = builtin or _DEFAULTS[prefix]
     fake = prefix == "fake"
