@@ -345,7 +345,7 @@ def check_limits(
     sizes = blob_sizes or {}
     violations: list[LimitViolation] = []
     count = 0
-    total_bytes = len(system.encode()) + sum(len(wire_json(dict(t)).encode()) for t in tools)
+    total_bytes = _utf8_bytes(system) + sum(_utf8_bytes(wire_json(dict(t))) for t in tools)
     for message in messages:
         parts = attr(message, "parts", None) or ()
         mid = str(attr(message, "id", ""))
@@ -357,12 +357,18 @@ def check_limits(
             total_bytes += math.ceil(size * 4 / 3)
             if limits.max_image_bytes is not None and size > limits.max_image_bytes:
                 violations.append(LimitViolation("image_bytes", limits.max_image_bytes, size, mid))
-        total_bytes += len(wire_json(_without_images(parts)).encode())
+        total_bytes += _utf8_bytes(wire_json(_without_images(parts)))
     if limits.max_images is not None and count > limits.max_images:
         violations.append(LimitViolation("images", limits.max_images, count))
     if limits.max_request_bytes is not None and total_bytes > limits.max_request_bytes:
         violations.append(LimitViolation("request_bytes", limits.max_request_bytes, total_bytes))
     return violations
+
+
+def _utf8_bytes(text: str) -> int:
+    # "surrogatepass": a lone surrogate an older Arbor stored (on SQLite) counts three
+    # bytes instead of failing the whole request.
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def _without_images(parts: Iterable[Part]) -> list[Any]:

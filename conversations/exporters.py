@@ -83,7 +83,7 @@ def conversation_export(
             chatgpt_json(conversation, tip_id), "application/json", f"{stem}.chatgpt.json"
         )
     return Export(
-        markdown(conversation, tip_id).encode(), "text/markdown; charset=utf-8", f"{stem}.md"
+        _encode(markdown(conversation, tip_id)), "text/markdown; charset=utf-8", f"{stem}.md"
     )
 
 

@@ -8,6 +8,7 @@ Uploaded images are separate ``image`` parts served from the blob store.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ from pygments.lexers import TextLexer, get_lexer_by_name
 from pygments.util import ClassNotFound
 
 _FORMATTER = HtmlFormatter(nowrap=True)
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 ALLOWED_TAGS = {
     "a", "p", "br", "hr", "em", "strong", "del", "s", "code", "pre", "span", "div",
@@ -120,7 +122,9 @@ def render(text: str) -> str:
     equal text always renders the same."""
     cached = _CACHE.get(text)
     if cached is None:
-        cached = sanitize(_MD.render(text))
+        # A lone surrogate (half an emoji, which an older Arbor stored on SQLite) is not
+        # text: nh3 refuses it and no page could be encoded with it.
+        cached = sanitize(_MD.render(_SURROGATE.sub("\ufffd", text)))
         _CACHE.put(text, cached)
     return cached
 

@@ -7,6 +7,8 @@ deleting the whole conversation does). Going back, branching and rewinding only 
 
 from __future__ import annotations
 
+import json
+import re
 import uuid
 from typing import Any
 
@@ -15,7 +17,38 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from conversations.parts import searchable_text
+from conversations.parts import searchable_text, without_lone_surrogates
+
+# A surrogate escape in JSON text (a pair, as json.dumps writes an emoji, or a lone half).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def stored_text(data: Any, raw: Any) -> Any:
+    """``data`` read from the JSON text ``raw`` of a TextJSONField, as text."""
+    if isinstance(raw, str) and _SURROGATE_ESCAPE.search(raw):
+        return without_lone_surrogates(data)  # a pair already reads as one character
+    return data
+
+
+def read_stored_json(raw: str) -> Any:
+    """A TextJSONField's column read by hand (a raw query), as the field reads it."""
+    return stored_text(json.loads(raw), raw)
+
+
+class TextJSONField(models.JSONField):
+    """A JSONField whose strings read back as text. SQLite keeps JSON as escaped text, so
+    an older Arbor could store a lone surrogate (``"\\ud83d"``, half an emoji: the API
+    took it before ``strict_json`` refused it, PostgreSQL's jsonb never did); it reads
+    back as U+FFFD, so no page, export or model request fails on the stored message.
+    The same column as a JSONField, and the same for migrations."""
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        data = super().from_db_value(value, expression, connection)
+        return stored_text(data, value)
+
+    def deconstruct(self) -> Any:
+        name, _, args, kwargs = super().deconstruct()
+        return name, "django.db.models.JSONField", args, kwargs
 
 
 class Role(models.TextChoices):
@@ -106,10 +139,10 @@ class Message(models.Model):
         "self", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="children"
     )
     role = models.CharField(max_length=16, choices=Role.choices)
-    parts = models.JSONField(default=list)
+    parts = TextJSONField(default=list)
     depth = models.PositiveIntegerField(default=0)
     origin = models.CharField(max_length=16, choices=Origin.choices, default=Origin.TURN)
-    metadata = models.JSONField(default=dict, blank=True)
+    metadata = TextJSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     # The plain text of ``parts`` for search (parts.searchable_text), written with the row
     # by every insert path: save() below, services._insert_messages, the fork's copy.
@@ -246,7 +279,7 @@ class TurnAttempt(models.Model):
     parent = models.ForeignKey(
         Message, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    input_parts = models.JSONField(default=list)
+    input_parts = TextJSONField(default=list)
     model = models.CharField(max_length=200, blank=True)
     status = models.CharField(
         max_length=16, choices=AttemptStatus.choices, default=AttemptStatus.RUNNING

@@ -11,6 +11,8 @@ Part shapes (DESIGN.md §2)::
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import math
 import re
@@ -38,6 +40,13 @@ class DraftMessage:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
+# A code point of a UTF-16 pair alone in a str (Python's json reads ``"\\ud83d"`` so):
+# no UTF-8 text holds one, so no page, export or request body can be written with it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_NOT_TEXT = re.compile("[\x00\ud800-\udfff]")
+_NOT_TEXT_OR_TOO_DEEP = "contains a NUL character or a lone surrogate, or is nested too deeply"
+
+
 class _Errors:
     def __init__(self) -> None:
         self.items: list[dict[str, str]] = []
@@ -57,15 +66,18 @@ def _check_str(
         errors.add(loc, f"is longer than {max_chars} characters")
     elif "\x00" in value:
         errors.add(loc, "contains a NUL character")
+    elif _SURROGATE.search(value):
+        errors.add(loc, "contains a lone surrogate (half of a UTF-16 pair), which is not text")
 
 
 def contains_nul(value: Any, *, _depth: int = 0) -> bool:
-    """True if a NUL character hides anywhere in a JSON value (PostgreSQL refuses them
-    in text and jsonb, so they must be rejected before a write, not at the database)."""
+    """True if a NUL character (or a lone surrogate) hides anywhere in a JSON value
+    (PostgreSQL refuses them in text and jsonb, so they must be rejected before a write,
+    not at the database)."""
     if _depth > 100:
         return True  # absurd nesting is refused with the same error
     if isinstance(value, str):
-        return "\x00" in value
+        return _NOT_TEXT.search(value) is not None
     if isinstance(value, dict):
         return any(
             contains_nul(k, _depth=_depth + 1) or contains_nul(v, _depth=_depth + 1)
@@ -74,6 +86,18 @@ def contains_nul(value: Any, *, _depth: int = 0) -> bool:
     if isinstance(value, list):
         return any(contains_nul(v, _depth=_depth + 1) for v in value)
     return False
+
+
+def without_lone_surrogates(value: Any) -> Any:
+    """``value`` with every lone surrogate in its strings and keys replaced by U+FFFD
+    (what an older Arbor could store on SQLite, see models.TextJSONField)."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {without_lone_surrogates(k): without_lone_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_lone_surrogates(v) for v in value]
+    return value
 
 
 MAX_METADATA_BYTES = 64 * 1024
@@ -127,7 +151,7 @@ def _clean_tool_call(errors: _Errors, loc: str, part: Part, *, role: str, max_ch
     if not isinstance(arguments, dict):
         errors.add(f"{loc}.arguments", "must be an object")
     elif contains_nul(arguments):
-        errors.add(f"{loc}.arguments", "contains a NUL character or is nested too deeply")
+        errors.add(f"{loc}.arguments", _NOT_TEXT_OR_TOO_DEEP)
     return {
         "type": "tool_call",
         "id": part.get("id"),
@@ -206,7 +230,7 @@ def _clean_metadata(errors: _Errors, loc: str, metadata: Any) -> dict[str, Any]:
         errors.add(f"{loc}.metadata", "must be an object")
         return {}
     if contains_nul(metadata):
-        errors.add(f"{loc}.metadata", "contains a NUL character or is nested too deeply")
+        errors.add(f"{loc}.metadata", _NOT_TEXT_OR_TOO_DEEP)
     elif len(json.dumps(metadata)) > MAX_METADATA_BYTES:
         errors.add(f"{loc}.metadata", f"is larger than {MAX_METADATA_BYTES} bytes as JSON")
     return metadata
@@ -389,7 +413,9 @@ def searchable_text(parts: Any) -> str:
 
 
 class NotJSON(ValueError):
-    """A JSON text Python would read but JSON does not allow (NaN, Infinity)."""
+    """A JSON text refused although a parser would read it: NaN and Infinity, nesting
+    deeper than ``MAX_JSON_DEPTH``, a key repeated in one object, or an escaped lone
+    surrogate (``"\\ud83d"``, half an emoji) that no UTF-8 text can hold."""
 
 
 def reject_constant(name: str) -> Any:
@@ -410,17 +436,155 @@ def finite_float(text: str) -> float:
 _DIGIT_RUNS = bytes(ord("0") if ord("0") <= i <= ord("9") else ord(" ") for i in range(256))
 _LONG_INTEGER = b"0" * 20
 
+# Arrays and objects nest at most this deep in a request body: no API or provider body
+# needs more, and Python's parser (and every walk over the value) recurses per level.
+MAX_JSON_DEPTH = 64
+
+# Where a key ends: a ``"`` then ``:``, perhaps with blanks between; an escaped quote
+# (``\\"``) followed by a colon inside a string looks the same, and is told apart only
+# when the count is in doubt.
+_KEY_END = re.compile(rb'"[ \t\n\r]*:')
+_ESCAPED_KEY_END = re.compile(rb'\\"[ \t\n\r]*:')
+# The text without its strings (escaped backslashes and quotes removed first, so every
+# ``"`` left opens or closes one): what remains shows the nesting.
+_STRING_BODIES = re.compile(rb'"[^"]*+"')
+_BRACKETS = bytes.maketrans(b"{}", b"[]")
+_NOT_BRACKETS = bytes(set(range(256)) - {ord("["), ord("]"), ord("{"), ord("}")})
+_STEP = tuple(1 if i == ord("[") else -1 if i == ord("]") else 0 for i in range(256))
+
+
+def _text_depth(raw: bytes) -> int:
+    """How deep arrays and objects nest in a JSON text, without parsing it (linear, at
+    C speed but for one step per bracket). Anything goes for an invalid text."""
+    text = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    nesting = _STRING_BODIES.sub(b"", text).translate(_BRACKETS, _NOT_BRACKETS)
+    return max(itertools.accumulate(map(_STEP.__getitem__, nesting)), default=0)
+
+
+def _no_repeated_key(raw: bytes, keys: int) -> bool:
+    """Whether a valid JSON text with ``keys`` keys in its parsed value wrote no key twice
+    in one object: it did not when it has no more key ends than that (each key written
+    ends in a quote and a colon). Regex scans at C speed; False when in doubt."""
+    if len(_KEY_END.findall(raw)) == keys:
+        return True
+    # Not counting escaped quotes then (``\\\\`` is an escaped backslash, not one).
+    text = raw.replace(b"\\\\", b"")
+    return len(_KEY_END.findall(text)) - len(_ESCAPED_KEY_END.findall(text)) == keys
+
+
+def _keys_and_depth(value: Any) -> tuple[int, int]:
+    """The keys of all objects in an orjson value, and how deep it nests (counted up to
+    one level past ``MAX_JSON_DEPTH``), level by level: no recursion."""
+    keys = depth = 0
+    level = [value] if type(value) is dict or type(value) is list else []
+    while level and depth <= MAX_JSON_DEPTH:
+        depth += 1
+        below: list[Any] = []
+        for item in level:
+            if type(item) is dict:
+                keys += len(item)
+            children = item.values() if type(item) is dict else item
+            below += [c for c in children if type(c) is dict or type(c) is list]
+        level = below
+    return keys, depth
+
+
+def _shown(key: str) -> str:
+    """A key as an error message may quote it: short, and text (a lone surrogate would
+    break the JSON that carries the message)."""
+    return _SURROGATE.sub("\ufffd", key[:40] + ("…" if len(key) > 40 else ""))
+
+
+def _path(path: tuple[str | int, ...]) -> str:
+    shown = "".join(f"[{p}]" if isinstance(p, int) else f".{_shown(p)}" for p in path)
+    shown = shown.lstrip(".")
+    return shown if len(shown) <= 200 else f"{shown[:100]}…{shown[-100:]}"
+
+
+def _at(path: tuple[str | int, ...]) -> str:
+    return f" (at {_path(path)})" if path else ""
+
+
+class _Object(dict[str, Any]):
+    """An object as json.loads builds it here: the first repeated key noted, not lost."""
+
+    repeated: str | None = None
+
+
+def _object(pairs: list[tuple[str, Any]]) -> _Object:
+    value = _Object(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                value.repeated = key
+                break
+            seen.add(key)
+    return value
+
+
+def _refuse_inside(value: Any) -> None:
+    """NotJSON naming the first repeated key, lone surrogate or too deep a level in a
+    value json.loads built (with ``_object``), and where it is."""
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, dict | list) and len(path) >= MAX_JSON_DEPTH:
+            raise NotJSON(f"the JSON nests deeper than {MAX_JSON_DEPTH} levels{_at(path)}")
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                raise NotJSON(
+                    "a string holds an escaped lone surrogate (half of a UTF-16 pair, such "
+                    f"as \\ud83d), which is not text{_at(path)}"
+                )
+        elif isinstance(item, dict):
+            if isinstance(item, _Object) and item.repeated is not None:
+                raise NotJSON(
+                    f'the key "{_shown(item.repeated)}" appears twice in one object{_at(path)}'
+                )
+            for key, child in reversed(item.items()):
+                if _SURROGATE.search(key):
+                    raise NotJSON(
+                        "a key holds an escaped lone surrogate (half of a UTF-16 pair), "
+                        f"which is not text{_at(path)}"
+                    )
+                stack.append((child, (*path, key)))
+        elif isinstance(item, list):
+            stack.extend((child, (*path, i)) for i, child in reversed(list(enumerate(item))))
+
 
 def strict_json(raw: str | bytes) -> Any:
-    """``json.loads`` that refuses NaN and Infinity, spelt out or overflowing (NotJSON,
-    a ValueError).
+    """``json.loads`` that refuses what JSON (or PostgreSQL, or a provider) does not take
+    although a parser reads it: NaN and Infinity, spelt out or overflowing; nesting
+    deeper than ``MAX_JSON_DEPTH``; a key repeated in one object (a parser keeps one
+    value, the provider a body is forwarded to may read the other); an escaped lone
+    surrogate. NotJSON, a ValueError, says which, and where when it can.
 
     Bytes go through orjson first (a tenth of the time on a large body: every API and
-    gateway request), which refuses the same numbers; Python's parser reads what orjson
-    refuses (so its message names the problem) and long integers (kept exact)."""
+    gateway request), which refuses the same numbers and lone surrogates and nests at
+    most 1,024 deep; its value's depth is then checked, and its keys counted against the
+    text's (one fewer for each repeated key). Python's parser reads what orjson refuses
+    or what that count doubts (so the message names the problem), and long integers
+    (kept exact), after the depth is checked on the text, since it recurses per level."""
     if isinstance(raw, bytes) and _LONG_INTEGER not in raw.translate(_DIGIT_RUNS):
         try:
-            return orjson.loads(raw)
+            value = orjson.loads(raw)
         except orjson.JSONDecodeError:
             pass
-    return json.loads(raw, parse_constant=reject_constant, parse_float=finite_float)
+        else:
+            keys, depth = _keys_and_depth(value)
+            if depth > MAX_JSON_DEPTH:
+                _refuse_inside(value)  # names where
+                raise NotJSON(f"the JSON nests deeper than {MAX_JSON_DEPTH} levels")
+            if _no_repeated_key(raw, keys):
+                return value
+    data = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")
+    if _text_depth(data) > MAX_JSON_DEPTH:
+        with contextlib.suppress(orjson.JSONDecodeError):
+            _refuse_inside(orjson.loads(data))  # names where, when orjson can read it
+        raise NotJSON(f"the JSON nests deeper than {MAX_JSON_DEPTH} levels")
+    value = json.loads(
+        raw, parse_constant=reject_constant, parse_float=finite_float, object_pairs_hook=_object
+    )
+    _refuse_inside(value)
+    return value

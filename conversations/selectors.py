@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,6 +23,7 @@ from conversations.models import (
     ImportJob,
     Message,
     TurnAttempt,
+    read_stored_json,
 )
 from conversations.parts import readable_text
 from conversations.treemap import SkeletonNode
@@ -129,7 +129,7 @@ def message_path_rows(*, conversation_id: uuid.UUID, tip_id: uuid.UUID | None) -
         rows = cursor.fetchall()
     # Both backends hand the JSON columns back as text (Django reads jsonb as text so
     # that JSONField decodes it); SQLite hands ids back as 32 hex characters.
-    loads = json.loads
+    loads = read_stored_json
     return [
         PathRow(mid if isinstance(mid, uuid.UUID) else uuid.UUID(mid), role, loads(parts),
                 loads(metadata))
