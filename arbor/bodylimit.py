@@ -11,6 +11,11 @@ The limit depends on the route: uploads of images, imports, the gateway and the 
 each have theirs; anything else (forms, unknown URLs) gets the smallest. A reverse proxy
 in front should have a limit of its own at least as large as the largest here
 (README "Deploying").
+
+The import routes take the largest bodies (hundreds of MB), so there a body is read only
+for a signed-in user: the session cookie or bearer token is checked from the headers
+first, and an anonymous request is refused (401 for the API, 403 for the page) before
+one byte of it is read.
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Awaitable, Callable, MutableMapping
+from importlib import import_module
 from typing import Any
+
+from asgiref.sync import sync_to_async
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -49,6 +57,12 @@ def limits() -> list[tuple[str, int]]:
     ]
 
 
+# Routes whose bodies are read only for a signed-in user (the API's accepts a bearer
+# token too): the largest uploads, which anyone could otherwise make Django spool.
+SIGNED_IN_ONLY = ("/api/imports", "/import/")
+_READS_BODY = frozenset({"POST", "PUT", "PATCH"})
+
+
 class BodyTooLarge(Exception):
     pass
 
@@ -75,6 +89,9 @@ class BodyLimit:
         if declared is not None and declared > limit:
             await _refuse(scope, send, limit)
             return
+        if _signed_in_only(scope) and not await sync_to_async(_signed_in)(scope):
+            await _refuse_anonymous(scope, send)
+            return
         received = 0
         started = False
 
@@ -98,6 +115,57 @@ class BodyLimit:
         except BodyTooLarge:
             if not started:
                 await _refuse(scope, send, limit)
+
+
+def _header(scope: Scope, name: bytes) -> str:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return ""
+
+
+def _signed_in_only(scope: Scope) -> bool:
+    path: str = scope.get("path", "")
+    return scope.get("method") in _READS_BODY and path.startswith(SIGNED_IN_ONLY)
+
+
+def _signed_in(scope: Scope) -> bool:
+    """Whether the request's headers carry a live session (or, on the API, a valid
+    bearer token): what the view will check, checked before the body is read."""
+    from django.conf import settings
+    from django.contrib.auth import get_user
+    from django.http import HttpRequest
+    from django.http.cookie import parse_cookie
+
+    from conversations.errors import TokenExpired
+    from conversations.services import api_token_authenticate
+
+    authorization = _header(scope, b"authorization")
+    if scope.get("path", "").startswith("/api/") and authorization[:7].lower() == "bearer ":
+        try:
+            return api_token_authenticate(secret=authorization[7:].strip()) is not None
+        except TokenExpired:
+            return False
+    key = parse_cookie(_header(scope, b"cookie")).get(settings.SESSION_COOKIE_NAME)
+    if not key:
+        return False
+    request = HttpRequest()
+    request.session = import_module(settings.SESSION_ENGINE).SessionStore(key)
+    return bool(get_user(request).is_authenticated)
+
+
+async def _refuse_anonymous(scope: Scope, send: Send) -> None:
+    if scope.get("path", "").startswith("/api/"):
+        status, body = (
+            401,
+            {
+                "error": "unauthorized",
+                "detail": "sign in, or send Authorization: Bearer <token>",
+            },
+        )
+    else:
+        status, body = 403, {"error": "forbidden", "detail": "sign in to import"}
+    await _answer(send, status, body)
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -128,11 +196,16 @@ async def _refuse(scope: Scope, send: Send, limit: int) -> None:
         }
     else:
         body = {"error": "request_too_large", "detail": detail, "limit": limit}
+    await _answer(send, 413, body)
+
+
+async def _answer(send: Send, status: int, body: dict[str, Any]) -> None:
+    """A JSON answer sent before the request's body is read (the connection closes)."""
     payload = json.dumps(body).encode()
     await send(
         {
             "type": "http.response.start",
-            "status": 413,
+            "status": status,
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(payload)).encode()),
