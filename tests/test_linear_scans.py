@@ -20,6 +20,7 @@ from django.test import SimpleTestCase
 
 from compaction import ladder
 from conversations.importers import openwebui
+from conversations.providers.errors import OVERFLOW_SCAN_CHARS, parse_overflow
 
 SMALL = 10_000
 LARGE = 100_000
@@ -162,3 +163,27 @@ class OpenWebUIScanTests(SimpleTestCase):
         steps = openwebui._from_content(content)
         assert steps[1] == ("assistant", [{"type": "thinking", "text": "the file\nis short"}])
         assert segments[3][1].startswith("<details><summary>mine</summary>kept</details>")
+
+
+# An upstream's error message (a hostile or broken upstream's can be megabytes): each
+# pattern's ``.*?`` from every repeated head rescans the rest.
+UPSTREAM_ERRORS: dict[str, Callable[[int], str]] = {
+    "context heads": repeat("maximum context length is 1 tokens "),
+    "mistral heads": repeat("prompt contains 1 tokens "),
+    "gemini heads": repeat("input token count (1) exceeds the maximum"),
+    "requested without a close": repeat("maximum context length is 1 tokens requested 2 tokens ("),
+    "digits": repeat("1"),
+}
+
+
+class UpstreamErrorScanTests(SimpleTestCase):
+    def test_it_reads_an_overflow_message_in_bounded_time(self) -> None:
+        for name, make in UPSTREAM_ERRORS.items():
+            with self.subTest(input=name):
+                ratio = cpu_ratio(parse_overflow, make)
+                assert ratio <= MAX_RATIO, f"{name}: 10x the input took {ratio:.1f}x the CPU"
+
+    def test_an_overflow_is_still_found_at_the_head_of_a_long_message(self) -> None:
+        head = "prompt is too long: 208310 tokens > 200000 maximum. "
+        assert parse_overflow(head + "x" * 1_000_000) == (208310, 200000)
+        assert parse_overflow("x" * OVERFLOW_SCAN_CHARS + head) is None

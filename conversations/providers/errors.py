@@ -188,6 +188,7 @@ _OVERFLOW_WORDS = re.compile(
     r"|exceeds the maximum number of tokens allowed",
     re.I,
 )
+OVERFLOW_SCAN_CHARS = 4096
 _LIMIT_ONLY = re.compile(
     r"(?:maximum context length is|maximum number of tokens allowed(?: is|:)?\s*\(?)"
     r"\s*(?P<limit>\d[\d,_]*)",
@@ -202,7 +203,10 @@ def parse_overflow(message: str, code: str | None = None) -> tuple[int | None, i
     say — or None when the message is not an overflow at all. ``code`` is the provider's
     error code where it gives one (OpenAI's ``context_length_exceeded``).
     """
-    text = message or ""
+    # Only the head of the message is read: the patterns' ``.*?`` rescans the rest of
+    # the text from every "maximum context length is" (quadratic in a hostile upstream's
+    # long message), and a provider names an overflow in its first sentences.
+    text = (message or "")[:OVERFLOW_SCAN_CHARS]
     first = _OVERFLOW_PATTERNS[0].search(text)
     if first:
         limit = _num(first.group(1))
