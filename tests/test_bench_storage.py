@@ -62,6 +62,7 @@ def own_samples(folder: Path) -> tuple[Path, Path, int, int]:
     return pi_file, claude_dir, len(nodes), sum(text_bytes(n.parts) for n in nodes)
 
 
+@pytest.mark.slow  # a bench run in a scratch database
 class BenchStorageTests(TransactionTestCase):
     def test_it_prints_the_ratio_of_bytes_to_text_and_leaves_nothing_behind(self) -> None:
         out = io.StringIO()

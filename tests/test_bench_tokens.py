@@ -121,6 +121,7 @@ def test_the_bench_times_a_naive_pillow_draw_and_states_the_speed_goals() -> Non
     }
 
 
+@pytest.mark.slow  # OCR (tesseract)
 def test_the_tesseract_control_reads_plain_numbers_in_a_large_clean_font() -> None:
     from compaction import bench_ladder
     from compaction.render import tesseract_available

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 
+import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connection, transaction
@@ -15,6 +16,7 @@ from conversations.management.benchdb import vacuum
 from conversations.models import Conversation, Message, TurnAttempt
 
 
+@pytest.mark.slow  # a bench run (minutes on a busy machine)
 class BenchTurnsTests(TransactionTestCase):
     def test_it_prints_json_figures_and_leaves_nothing_behind(self) -> None:
         out = io.StringIO()

@@ -10,6 +10,7 @@ import threading
 from typing import Any
 from unittest import mock
 
+import pytest
 from django.db import connection
 
 from compaction import render
@@ -43,6 +44,7 @@ class ContextPanelTests(BrowserTestCase):
         grow(self.conv, 10, result_chars=1200, error=True)
         self.sign_in("alice")
 
+    @pytest.mark.slow  # a browser, and the job's OCR (tesseract)
     def test_compact_now_shows_progress_then_the_record_without_a_reload(self) -> None:
         page = self.page
         page.goto(self.url(f"/c/{self.conv.pk}/context/"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
+import pytest
 from PIL import Image
 
 from compaction.models import CompactionRecord, RecordStatus, Trigger
@@ -193,6 +194,7 @@ class LayoutTestCase(BrowserTestCase):
         self.assert_clean()
 
 
+@pytest.mark.slow  # every page at each size, in a browser
 class PhoneLayoutTests(LayoutTestCase):
     def test_every_page_fits_a_phone_and_its_actions_take_a_finger(self) -> None:
         self.check_every_page(PHONE, "phone", FINGER)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.test import TransactionTestCase
 
@@ -37,6 +38,7 @@ LIVE_WORDS = (
 )
 
 
+@pytest.mark.slow  # a browser against a live server per test
 class StopAndReloadTests(TransactionTestCase):
     @classmethod
     def setUpClass(cls) -> None:
@@ -188,6 +190,7 @@ class StopAndReloadTests(TransactionTestCase):
         assert STORY.startswith(answer) and len(answer.split()) < 160
 
 
+@pytest.mark.slow  # a browser against a live server per test
 class BenchPageTests(TransactionTestCase):
     """`manage.py bench_page` (run by `make bench`) prints the long chat's weight and
     timings at both widths, and leaves nothing behind."""

@@ -235,6 +235,7 @@ class JobScene(TransactionTestCase):
         assert self.messages() == self.originals
 
 
+@pytest.mark.slow  # chaos: workers and the broker killed
 class WorkerDeathTests(JobScene):
     """kill -9 in the middle of a compaction job, held inside its summary call."""
 
@@ -276,6 +277,7 @@ def _import_state(job: ImportJob) -> str:
     return ImportJob.objects.values_list("state", flat=True).get(pk=job.pk)
 
 
+@pytest.mark.slow  # chaos: workers and the broker killed
 class ImportWorkerDeathTests(TransactionTestCase):
     """kill -9 in the middle of a 400-conversation import: the job ends as interrupted,
     with what it kept, each kept conversation whole and nothing else written."""
@@ -362,6 +364,7 @@ class PrivateRedis:
         self.start()
 
 
+@pytest.mark.slow  # chaos: workers and the broker killed
 class BrokerRestartTests(JobScene):
     """A broker restarted without persistence forgets its queue: a queued job is sent
     again by the sweeper, and a running job finishes while the worker reconnects."""

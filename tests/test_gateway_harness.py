@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from django.test import TransactionTestCase
 
 from compaction.models import CompactionRecord, RecordStatus
@@ -26,6 +27,9 @@ from conversations.models import Conversation, Message
 from tests import harness_sessions
 from tests.gateway_live import ANTHROPIC_MODEL, OPENAI_MODEL, LiveGateway, agent_responder
 from tests.test_asgi_streaming import ROOT
+
+# The real agent CLIs through a live gateway, tens of rounds each.
+pytestmark = pytest.mark.slow
 
 HARNESS_DIR = Path(os.environ.get("ARBOR_HARNESS_DIR", ROOT / "var" / "harness"))
 ROUNDS = 40

@@ -17,6 +17,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import call_command
 from django.test import TestCase, override_settings
@@ -133,6 +134,7 @@ class ClaudeCodeProjectTests(TestCase):
         html = self.client.get(reverse("conversations:detail", args=[sub.pk])).content.decode()
         self.assertNotIn("Sub-agent run started by", html)
 
+    @pytest.mark.slow  # the real Claude Code CLI (make harness)
     def test_today_s_cli_writes_a_project_that_links(self) -> None:
         if not harness_sessions.binary("claude").exists():
             if os.environ.get("CI") == "true":

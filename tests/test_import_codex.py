@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client, TestCase, override_settings
 from PIL import Image
@@ -420,6 +421,7 @@ class VariantTests(CodexChecks):
         self.assertEqual([i["kind"] for i in report.skipped.as_list()], ["empty"])
 
 
+@pytest.mark.slow  # the real Codex CLI (make harness)
 class LiveCodexTests(CodexChecks):
     """Today's Codex CLI (pinned in the Makefile's harness target) writes the rollouts
     afresh against the loopback Responses server; the importer reads them whole."""

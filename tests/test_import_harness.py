@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from django.test import TestCase
 
 from conversations import selectors
@@ -203,6 +204,7 @@ class PiParallelTests(ImportChecks):
         self.assertTrue(flagged)
 
 
+@pytest.mark.slow  # the real CLIs (make harness)
 class LiveHarnessTests(ImportChecks):
     """Today's CLIs write the session files afresh; the importer reads them whole."""
 

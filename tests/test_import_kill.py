@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Any
 
+import pytest
 from django.core.files.base import ContentFile
 from django.test import Client, TransactionTestCase
 
@@ -51,6 +52,7 @@ def chatgpt_export(count: int, turns: int = 30) -> bytes:
     return json.dumps(conversations).encode()
 
 
+@pytest.mark.slow  # chaos: an import child killed mid-import
 class ImportKillTests(TransactionTestCase):
     def test_an_import_killed_midway_is_reported_interrupted_with_what_it_kept(self) -> None:
         user = make_user()

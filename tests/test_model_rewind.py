@@ -187,6 +187,7 @@ class ModelRewindTests(TestCase):
         assert not Message.objects.filter(conversation=self.conv, origin="digest").exists()
 
 
+@pytest.mark.slow  # chaos: a child killed mid-turn
 class ModelRewindCrashTests(TransactionTestCase):
     def test_a_label_survives_a_kill_between_checkpoint_and_rewind(self) -> None:
         FAKE.clear()

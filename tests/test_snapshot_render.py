@@ -344,6 +344,7 @@ IEUNG_WORDS = (
 )
 
 
+@pytest.mark.slow  # OCR (tesseract)
 @pytest.mark.parametrize("density", list(DENSITIES))
 def test_korean_circles_read_back_as_circles(density: str) -> None:
     _require_tesseract("kor")
@@ -512,6 +513,7 @@ def test_it_scores_ocr_text_by_character_error_rate() -> None:
     assert cer("x" + "=" * 40 + "y", "x==y") == pytest.approx(1 / 5)
 
 
+@pytest.mark.slow  # OCR (tesseract)
 def test_it_reads_back_english_pages_with_tesseract() -> None:
     _require_tesseract("eng")
     result = render_pages(_long_english(12_000))
@@ -520,6 +522,7 @@ def test_it_reads_back_english_pages_with_tesseract() -> None:
     assert max(r for r in rates if r is not None) <= 0.03
 
 
+@pytest.mark.slow  # OCR (tesseract)
 def test_real_agent_transcript_pages_read_back_within_three_percent() -> None:
     """The bound on real text: the first, middle and last pages of a Claude Code sample
     (paths full of ``@0.5.15``, ``swc+helpers``, and narration) read within 3% on
@@ -556,6 +559,7 @@ SLASHED = (
 )
 
 
+@pytest.mark.slow  # OCR (tesseract)
 def test_a_slash_before_w_or_m_reads_back_exactly() -> None:
     _require_tesseract("eng")
     (page,) = render_pages([Segment("tool", "paths", "\n".join(SLASHED_LINES))]).pages

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from django.test import TransactionTestCase
 from django.utils import timezone
 
@@ -24,6 +25,7 @@ from tests.live_server import READY_SECONDS, ROOT, free_port
 MODEL = "openai/gpt-4o-mini"
 
 
+@pytest.mark.slow  # chaos: what a killed server left, picked up by the next
 class StartupSweepTests(TransactionTestCase):
     def test_the_next_server_picks_up_what_the_killed_one_left(self) -> None:
         user = make_user("restarted")

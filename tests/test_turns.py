@@ -376,6 +376,7 @@ class ResumeTrimTests(ChatTestCase):
         assert report.trimmed == [str(result.message_ids[1])]
 
 
+@pytest.mark.slow  # chaos: child processes killed at random moments
 class CrashTests(TransactionTestCase):
     """A turn run in a real subprocess and SIGKILLed mid-turn leaves the previous turn."""
 

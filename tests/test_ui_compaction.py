@@ -618,6 +618,7 @@ class CompactNowWithoutBrokerTests(TransactionTestCase):
         assert 'class="job failed"' in body and 'role="alert"' in body
 
 
+@pytest.mark.slow  # the job reads its pages back with tesseract
 class CompactNowOnAWorkerThreadTests(TransactionTestCase):
     """The default without a broker: the POST is answered at once, and a worker thread
     of the process runs the job (legibility measurement included) after it."""
@@ -687,6 +688,7 @@ class JobLeaseTests(TransactionTestCase):
         assert job.lease_until == stopped
 
 
+@pytest.mark.slow  # the job reads its pages back with tesseract
 class StrandedJobTests(TestCase):
     """A job whose worker died (or whose send was lost) is sent again by the next
     "Compact now", and still runs once."""
