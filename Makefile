@@ -70,6 +70,7 @@ bench: setup harness
 	$(TEST_ENV) $(BIN)/python manage.py bench_import
 	$(TEST_ENV) $(BIN)/python manage.py bench_storage
 	$(TEST_ENV) $(BIN)/python manage.py bench_gateway
+	$(TEST_ENV) $(BIN)/python manage.py bench_harness
 	$(TEST_ENV) $(BIN)/python manage.py bench_load
 	$(TEST_ENV) $(BIN)/python manage.py bench_page
 	@# The tree, turns, storage and load on PostgreSQL, when one is reachable (CI's

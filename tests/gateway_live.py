@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import re
 import subprocess
 import tempfile
 from collections.abc import Mapping
@@ -20,41 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from conversations import services
-from conversations.providers.fake import FakeLLMServer, Step
+from conversations.providers.fake import FakeLLMServer, scripted_agent
 from tests.builders import make_user
 from tests.fake_models import child_env
 from tests.live_server import free_port, start_uvicorn
 
 ANTHROPIC_MODEL = "claude-sonnet-4-5"
 OPENAI_MODEL = "gpt-4o-mini"
-ROUND = re.compile(r"ROUND-(\d+)")
 
 
-def round_command(n: int, *, lines: int = 48) -> str:
-    """A shell command printing round ``n``'s marker and ~3.4 KB of output."""
-    return (
-        f"echo ROUND-{n}; for i in $(seq 1 {lines}); do "
-        f'echo "round {n} line $i: the quick brown fox jumps over the lazy dog 0123456789"; done'
-    )
-
-
-def agent_responder(rounds: int, *, tool_names: tuple[str, ...] = ("Bash", "bash")) -> Any:
-    def respond(protocol: str, body: Mapping[str, Any]) -> Step | None:
-        tools = body.get("tools") or []
-        names = {t.get("name") or (t.get("function") or {}).get("name") for t in tools}
-        tool = next((n for n in tool_names if n in names), None)
-        text = json.dumps(body.get("messages") or [])
-        if tool is None:
-            return Step.reply("A short answer for a side request.")
-        done = max((int(n) for n in ROUND.findall(text)), default=0)
-        if done >= rounds:
-            return Step.reply(f"FINISHED {done} rounds.")
-        arguments: dict[str, Any] = {"command": round_command(done + 1)}
-        if tool == "Bash":
-            arguments["description"] = f"round {done + 1}"
-        return Step.tools({"name": tool, "arguments": arguments})
-
-    return respond
+# The scripted upstream agent lives beside the fake (the benches use it too).
+agent_responder = scripted_agent
 
 
 class LiveGateway:

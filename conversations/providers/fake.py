@@ -214,6 +214,69 @@ def count_anthropic_request(
     return total
 
 
+# --- a scripted agent ---------------------------------------------------------------
+
+ROUND_MARK = re.compile(r"ROUND-(\d+)")
+# How harnesses ask a model to summarise their own history (Claude Code's and pi's
+# compaction prompts, as their CLIs word them): such a request gets a short summary,
+# never a tool call.
+_SUMMARY_ASK = re.compile(
+    r"create a detailed summary of the conversation|conversation to summarize"
+    r"|create a structured (?:context checkpoint )?summary",
+    re.IGNORECASE,
+)
+
+
+def round_command(n: int, *, lines: int = 48) -> str:
+    """A shell command printing round ``n``'s marker and ~3.4 KB of output."""
+    return (
+        f"echo ROUND-{n}; for i in $(seq 1 {lines}); do "
+        f'echo "round {n} line $i: the quick brown fox jumps over the lazy dog 0123456789"; done'
+    )
+
+
+def _last_user_text(body: Mapping[str, Any]) -> str:
+    for message in reversed(body.get("messages") or []):
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            return content
+        return " ".join(
+            str(b.get("text", ""))
+            for b in content or []
+            if isinstance(b, dict) and b.get("type") == "text"
+        )
+    return ""
+
+
+def scripted_agent(
+    rounds: int, *, tool_names: tuple[str, ...] = ("Bash", "bash")
+) -> Callable[[str, Mapping[str, Any]], Step | None]:
+    """A responder for FakeLLMServer: an agent that runs ``rounds`` shell commands, one
+    per request that offers a Bash tool, then says it finished. The round number is read
+    back from the transcript (the newest round is always in what a harness or Arbor
+    sends verbatim), so it survives any compaction. A request without a Bash tool, or
+    one asking for a summary of the history, gets a short text answer."""
+
+    def respond(protocol: str, body: Mapping[str, Any]) -> Step | None:
+        tools = body.get("tools") or []
+        names = {t.get("name") or (t.get("function") or {}).get("name") for t in tools}
+        tool = next((n for n in tool_names if n in names), None)
+        text = json.dumps(body.get("messages") or [])
+        done = max((int(n) for n in ROUND_MARK.findall(text)), default=0)
+        if tool is None or _SUMMARY_ASK.search(_last_user_text(body)):
+            return Step.reply(f"Summary: {done} rounds of shell commands ran, each succeeded.")
+        if done >= rounds:
+            return Step.reply(f"FINISHED {done} rounds.")
+        arguments: dict[str, Any] = {"command": round_command(done + 1)}
+        if tool == "Bash":
+            arguments["description"] = f"round {done + 1}"
+        return Step.tools({"name": tool, "arguments": arguments})
+
+    return respond
+
+
 # --- real-shaped error bodies ----------------------------------------------------------
 
 

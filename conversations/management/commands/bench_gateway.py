@@ -25,6 +25,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -42,6 +43,7 @@ from conversations.providers.fake import (
     Step,
     _count_anthropic_blocks,
     count_anthropic_request,
+    count_text_tokens,
 )
 
 BENCH_USERNAME = "__arbor_bench_gateway__"
@@ -151,18 +153,21 @@ def _body(
     }
 
 
-def _naive(body: dict[str, Any], limit: int) -> dict[str, Any]:
-    """Per-request trimming: the oldest tool results emptied until the request fits."""
+def _naive(
+    body: dict[str, Any], limit: int, count: Callable[[str], int] = count_text_tokens
+) -> dict[str, Any]:
+    """Per-request trimming: the oldest tool results emptied until the request fits
+    (counted with ``count``, the upstream's tokenizer)."""
     body = copy.deepcopy(body)
-    total = count_anthropic_request(body)
+    total = count_anthropic_request(body, count_text_tokens=count)
     for message in body["messages"]:
         if total <= limit:
             break
         for block in message["content"] if isinstance(message["content"], list) else []:
             if block.get("type") == "tool_result" and block.get("content") != "[trimmed]":
-                before = _count_anthropic_blocks([block], "claude")
+                before = _count_anthropic_blocks([block], "claude", count)
                 block["content"] = "[trimmed]"
-                total -= before - _count_anthropic_blocks([block], "claude")
+                total -= before - _count_anthropic_blocks([block], "claude", count)
     return body
 
 
@@ -171,8 +176,9 @@ class _HysteresisTrimmer:
     tool results are emptied down to half of it, and those stay emptied, so the prefix
     is byte-identical (cached) until the limit is crossed again."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, count: Callable[[str], int] = count_text_tokens) -> None:
         self.limit = limit
+        self.count = count
         self.trimmed: set[str] = set()
 
     def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -186,16 +192,16 @@ class _HysteresisTrimmer:
         for block in results:
             if block.get("tool_use_id") in self.trimmed:
                 block["content"] = "[trimmed]"
-        total = count_anthropic_request(body)
+        total = count_anthropic_request(body, count_text_tokens=self.count)
         if total > self.limit:
             for block in results:
                 if total <= self.limit // 2:
                     break
                 if block.get("content") != "[trimmed]":
-                    before = _count_anthropic_blocks([block], "claude")
+                    before = _count_anthropic_blocks([block], "claude", self.count)
                     block["content"] = "[trimmed]"
                     self.trimmed.add(str(block.get("tool_use_id")))
-                    total -= before - _count_anthropic_blocks([block], "claude")
+                    total -= before - _count_anthropic_blocks([block], "claude", self.count)
         return body
 
 
