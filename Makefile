@@ -1,5 +1,6 @@
 # Two commands: `make run` (set up and serve the demo) and `make test` (set up and run
-# every check). Everything else here is a helper for those two.
+# every check; `make test-quick` leaves out the slow tests). Everything else here is a
+# helper for those.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -17,7 +18,7 @@ HARNESS_STAMP := $(HARNESS)/.installed-stamp
 HARNESS_PACKAGES := @anthropic-ai/claude-code@2.1.197 @mariozechner/pi-coding-agent@0.73.1 \
   @openai/codex@0.171.0 @anthropic-ai/tokenizer@0.0.4
 
-.PHONY: setup run test lint typecheck pytest bench clean harness
+.PHONY: setup run test test-quick lint typecheck pytest bench clean harness
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -55,11 +56,18 @@ typecheck: setup
 # The suite runs in PYTEST_WORKERS processes (pytest-xdist), a test file per process at
 # a time: many tests wait on subprocesses (servers, workers, harnesses, OCR), so even a
 # 2-core machine gains from three. Each process gets its own test database and Redis db.
+# Each run ends with its 20 slowest tests and one line naming every skip (conftest.py).
 PYTEST_WORKERS ?= 3
+PYTEST := $(TEST_ENV) $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=20
 pytest: setup harness
-	$(TEST_ENV) $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
+	$(PYTEST)
 
 test: lint typecheck pytest
+
+# The same checks and tests without those marked slow (OCR, the real agent CLIs, chaos,
+# benches, browser tests with a server of their own): the quick loop while working.
+test-quick: lint typecheck setup harness
+	$(PYTEST) -m "not slow"
 
 bench: setup harness
 	mkdir -p var
