@@ -8,10 +8,12 @@ Uploaded images are separate ``image`` parts served from the blob store.
 
 from __future__ import annotations
 
+import io
 import re
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import nh3
@@ -27,6 +29,21 @@ from pygments.util import ClassNotFound
 
 _FORMATTER = HtmlFormatter(nowrap=True)
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+# Pygments' lexers are regexes, and most common ones are quadratic on some input (Python
+# on blank lines, TypeScript on ``a.a.a.``, C# on short lines: 20 KB took 2-35 s), which a
+# code block's language lets anyone choose. So each render has a CPU budget for
+# highlighting: tokens are drawn from the lexer and, once the budget is spent, the block
+# (and every later one) is shown plain. A step costs at most one regex scan of its block,
+# and a block longer than HIGHLIGHT_MAX_CHARS is never highlighted.
+HIGHLIGHT_BUDGET_SECONDS = 0.25
+HIGHLIGHT_MAX_CHARS = 200_000
+_budget = threading.local()
+
+
+class _OverBudget(Exception):
+    pass
+
 
 ALLOWED_TAGS = {
     "a", "p", "br", "hr", "em", "strong", "del", "s", "code", "pre", "span", "div",
@@ -44,12 +61,31 @@ ALLOWED_ATTRIBUTES = {
 URL_SCHEMES = {"http", "https", "mailto"}
 
 
+def _plain(code: str) -> str:
+    return str(highlight(code, TextLexer(), _FORMATTER))
+
+
+def _within_budget(tokens: Iterable[tuple[Any, str]], deadline: float) -> Iterator[Any]:
+    for count, token in enumerate(tokens):
+        if count % 16 == 0 and time.thread_time() > deadline:
+            raise _OverBudget
+        yield token
+
+
 def _highlight(code: str, lang: str, _attrs: str) -> str:
+    deadline: float = getattr(_budget, "deadline", 0.0)
+    if not lang or len(code) > HIGHLIGHT_MAX_CHARS or time.thread_time() > deadline:
+        return _plain(code)
     try:
-        lexer = get_lexer_by_name(lang) if lang else TextLexer()
+        lexer = get_lexer_by_name(lang)
     except ClassNotFound:
-        lexer = TextLexer()
-    return str(highlight(code, lexer, _FORMATTER))
+        return _plain(code)
+    out = io.StringIO()
+    try:
+        _FORMATTER.format(_within_budget(lexer.get_tokens(code), deadline), out)
+    except _OverBudget:
+        return _plain(code)
+    return out.getvalue()
 
 
 def _image_as_link(
@@ -124,6 +160,7 @@ def render(text: str) -> str:
     if cached is None:
         # A lone surrogate (half an emoji, which an older Arbor stored on SQLite) is not
         # text: nh3 refuses it and no page could be encoded with it.
+        _budget.deadline = time.thread_time() + HIGHLIGHT_BUDGET_SECONDS
         cached = sanitize(_MD.render(_SURROGATE.sub("\ufffd", text)))
         _CACHE.put(text, cached)
     return cached

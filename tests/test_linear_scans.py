@@ -15,10 +15,12 @@ import random
 import re
 import time
 from collections.abc import Callable
+from unittest import mock
 
 from django.test import SimpleTestCase
 
 from compaction import ladder
+from conversations import markdown
 from conversations.importers import openwebui
 from conversations.providers.errors import OVERFLOW_SCAN_CHARS, parse_overflow
 
@@ -37,7 +39,7 @@ def _best_cpu(scan: Callable[[str], object], text: str, calls: int, repeats: int
     return best
 
 
-def cpu_ratio(scan: Callable[[str], object], make: Callable[[int], str]) -> float:
+def cpu_ratio(scan: Callable[[str], object], make: Callable[[int], str], repeats: int = 3) -> float:
     """CPU time of ``scan`` on ``make(LARGE)`` over its time on ``make(SMALL)``. The
     garbage collector is off while it measures: its passes over everything alive grow
     with what a scan allocates (a 10x input took 15.5x the time with it, 10.4x without)."""
@@ -48,7 +50,8 @@ def cpu_ratio(scan: Callable[[str], object], make: Callable[[int], str]) -> floa
         calls = 1
         while _best_cpu(scan, small, calls, 1) < 0.005 and calls < 4096:
             calls *= 2
-        return _best_cpu(scan, large, calls, 3) / max(_best_cpu(scan, small, calls, 3), 1e-9)
+        large_cpu = _best_cpu(scan, large, calls, repeats)
+        return large_cpu / max(_best_cpu(scan, small, calls, repeats), 1e-9)
     finally:
         gc.enable()
 
@@ -187,3 +190,43 @@ class UpstreamErrorScanTests(SimpleTestCase):
         head = "prompt is too long: 208310 tokens > 200000 maximum. "
         assert parse_overflow(head + "x" * 1_000_000) == (208310, 200000)
         assert parse_overflow("x" * OVERFLOW_SCAN_CHARS + head) is None
+
+
+def _fence(lang: str, unit: str) -> Callable[[int], str]:
+    return lambda size: f"```{lang}\n" + unit * (size // len(unit)) + "\n```\n"
+
+
+# Markdown as a message holds it: markdown-it's own worst cases, and code blocks whose
+# language picks a Pygments lexer that is quadratic on that text.
+MARKDOWN: dict[str, Callable[[int], str]] = {
+    "brackets": repeat("["),
+    "emphasis": repeat("*a"),
+    "table rows": lambda size: "|a|b|\n|-|-|\n" + "|\n" * (size // 2),
+    "python blank lines": _fence("python", " \n"),
+    "typescript a.": _fence("typescript", "a."),
+    "c# short lines": _fence("csharp", "a\n"),
+    "many code blocks": lambda size: ("```python\n" + " \n" * 400 + "```\n") * (size // 820),
+}
+
+
+class MarkdownScanTests(SimpleTestCase):
+    def test_it_renders_in_linear_time(self) -> None:
+        with mock.patch.object(markdown._CACHE, "max_item", 0):  # render every time
+            for name, make in MARKDOWN.items():
+                with self.subTest(input=name):
+                    ratio = cpu_ratio(markdown.render, make, repeats=2)
+                    assert ratio <= MAX_RATIO, f"{name}: 10x the input took {ratio:.1f}x the CPU"
+
+    def test_code_is_still_highlighted(self) -> None:
+        with mock.patch.object(markdown._CACHE, "max_item", 0):
+            html = markdown.render("```python\ndef f(x):\n    return x  # hi\n```\n")
+        assert '<span class="k">def</span>' in html and '<span class="c1"># hi</span>' in html
+
+    def test_past_its_budget_a_block_is_shown_plain(self) -> None:
+        text = "```csharp\n" + "a\n" * 20_000 + "```\n"
+        with mock.patch.object(markdown._CACHE, "max_item", 0):
+            started = time.process_time()
+            html = markdown.render(text)
+            spent = time.process_time() - started
+        assert spent < 10 * markdown.HIGHLIGHT_BUDGET_SECONDS  # unbounded: 35 s
+        assert '<span class="' not in html and html.count("a\n") == 20_000
