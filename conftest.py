@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -68,9 +69,11 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"third-party samples: {SAMPLES} ({state})"
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Every skip of the run counted and named in one line, by reason (pytest's own
-    summary gives a line per reason and place)."""
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter: Any) -> Generator[None]:
+    """Every skip of the run counted and named in one line, by reason, after pytest's
+    own summary (a line per reason and place) and right above the final counts."""
+    yield
     reasons: Counter[str] = Counter()
     for report in terminalreporter.stats.get("skipped", []):
         longrepr = report.longrepr
