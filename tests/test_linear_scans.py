@@ -22,6 +22,7 @@ from django.test import SimpleTestCase
 from compaction import ladder
 from conversations import markdown
 from conversations.importers import openwebui
+from conversations.parts import strict_json
 from conversations.providers.errors import OVERFLOW_SCAN_CHARS, parse_overflow
 
 SMALL = 10_000
@@ -230,3 +231,35 @@ class MarkdownScanTests(SimpleTestCase):
             spent = time.process_time() - started
         assert spent < 10 * markdown.HIGHLIGHT_BUDGET_SECONDS  # unbounded: 35 s
         assert '<span class="' not in html and html.count("a\n") == 20_000
+
+
+def _strict_json(text: str) -> object:
+    try:
+        return strict_json(text.encode("utf-8", "surrogatepass"))
+    except ValueError as exc:  # NotJSON among them: refusing must be linear too
+        return exc
+
+
+# Request bodies (every API and gateway request): the depth, repeated-key and surrogate
+# checks added to the parser scan the text, so they get the same treatment.
+JSON_BODIES: dict[str, Callable[[int], str]] = {
+    "open brackets": repeat("["),
+    "open objects": repeat('{"a":'),
+    "64 levels, many times": lambda size: (
+        "[" + ",".join(["[" * 63 + "]" * 63] * (size // 128)) + "]"
+    ),
+    "tiny objects": lambda size: "[" + '{"a":1},' * (size // 8) + "{}]",
+    "escaped quotes and colons": lambda size: '["' + '\\":' * (size // 3) + '"]',
+    "backslashes": lambda size: '{"k": "' + "\\\\" * (size // 2) + '"}',
+    "quote then blanks": lambda size: '["' + " " * size + '"]',
+    "repeated keys": lambda size: "{" + '"a":1,' * (size // 6) + '"b":2}',
+    "lone surrogates": lambda size: '["' + "\\ud83d" * (size // 6) + '"]',
+}
+
+
+class JsonBodyScanTests(SimpleTestCase):
+    def test_it_reads_or_refuses_a_body_in_linear_time(self) -> None:
+        for name, make in JSON_BODIES.items():
+            with self.subTest(input=name):
+                ratio = cpu_ratio(_strict_json, make)
+                assert ratio <= MAX_RATIO, f"{name}: 10x the input took {ratio:.1f}x the CPU"
