@@ -1120,9 +1120,10 @@ def test_the_demo_servers_log_is_bounded() -> None:
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_a_paced_stream_spreads_its_deltas_out(fake: FakeLLMServer, protocol: str) -> None:
     # The fake paces its events like a model's tokens (the browser tests rely on seeing
-    # an answer grow): ten words 50 ms apart arrive over ~half a second, in order.
+    # an answer grow): ten words 150 ms apart are sent over ~1.4 s, in order, and arrive
+    # spread out (a reader a busy machine holds up for a second still sees that).
     words = "one two three four five six seven eight nine ten"
-    fake.push(Step.reply(words, pace=0.05))
+    fake.push(Step.reply(words, pace=0.15))
     arrivals: list[float] = []
     text = ""
     with connect(fake, protocol) as provider:

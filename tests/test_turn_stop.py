@@ -27,11 +27,12 @@ from conversations.providers.fake import FakeLLMServer, RecordedRequest, Step
 from conversations.resume import resume_view
 from tests.builders import make_user, new_conversation, text
 from tests.fake_models import serve_fake_models
+from tests.live_server import READY_SECONDS
 
 LONG = " ".join(f"word{i}" for i in range(400))
 
 
-def wait_until(condition: Callable[[], bool], what: str, seconds: float = 20) -> None:
+def wait_until(condition: Callable[[], bool], what: str, seconds: float = READY_SECONDS) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
         assert time.monotonic() < deadline, f"never happened: {what}"
