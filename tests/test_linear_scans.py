@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from unittest import mock
 
+import pytest
 from django.test import SimpleTestCase
 
 from compaction import ladder
@@ -211,6 +212,7 @@ MARKDOWN: dict[str, Callable[[int], str]] = {
 
 
 class MarkdownScanTests(SimpleTestCase):
+    @pytest.mark.slow  # tens of seconds: each highlighted case runs up to its CPU budget
     def test_it_renders_in_linear_time(self) -> None:
         with mock.patch.object(markdown._CACHE, "max_item", 0):  # render every time
             for name, make in MARKDOWN.items():
