@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import include, path, re_path
 
 from arbor.api import api
 from conversations.gateway import views as gateway
@@ -18,6 +18,9 @@ urlpatterns = [
     path("gateway/openai/v1/chat/completions", gateway.openai_chat),
     path("gateway/openai/v1/models", gateway.openai_models),
     path("gateway/status", gateway.status),
+    # Every other path below /gateway/ answers a JSON 404 in its protocol's shape.
+    re_path(r"^gateway/anthropic/(?P<rest>.*)$", gateway.anthropic_unknown),
+    re_path(r"^gateway/(?P<rest>.*)$", gateway.openai_unknown),
     path(
         "login/",
         auth_views.LoginView.as_view(redirect_authenticated_user=True),

@@ -238,6 +238,10 @@ class EntryPointTests(TestCase):
                 "context": self.context("anthropic/house-claude"),
                 "gateway": gateway_post("anthropic", self.token, model="house-claude"),
             }
+        # The server's own misconfiguration: the gateway answers a 5xx in its protocol's
+        # shape (the client's request was fine).
+        assert answers["gateway"].status_code == 503
+        assert answers["gateway"].json()["error"]["type"] == "api_error"
         for where, response in answers.items():
             raw = response.content.decode()
             assert str(folder) not in raw and "gone.toml" not in raw, (where, raw)

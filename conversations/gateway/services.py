@@ -24,7 +24,6 @@ from datetime import timedelta
 from typing import Any
 
 import orjson
-from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
@@ -35,7 +34,7 @@ from compaction.estimate import Calibration, message_tokens, request_tokens
 from compaction.models import Trigger
 from conversations import selectors
 from conversations import services as tree
-from conversations.errors import ArborError, InvalidInput, NotFound
+from conversations.errors import ArborError, NotFound
 from conversations.gateway import wire
 from conversations.models import Conversation, Message, Origin
 from conversations.providers import ContextOverflow, ModelSpec
@@ -853,13 +852,3 @@ def usage_learn(*, spec: ModelSpec, raw_estimate: int, input_tokens: int | None)
 def record_measured(forward: Forward | None, input_tokens: int | None) -> None:
     if forward is not None and forward.context.record is not None and input_tokens:
         compaction.record_measured(record=forward.context.record, input_tokens=input_tokens)
-
-
-def check_model(spec: ModelSpec) -> None:
-    """An undeclared model is refused unless a default upstream is configured."""
-    if spec.assumed and not getattr(settings, "ARBOR_GATEWAY_DEFAULT_MODEL", ""):
-        raise InvalidInput(
-            f"model {spec.model!r} is not configured for the gateway: declare "
-            f"{spec.id!r} in the ARBOR_MODELS file (or set ARBOR_GATEWAY_DEFAULT_MODEL)",
-            code="unknown_model",
-        )

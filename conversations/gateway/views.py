@@ -33,6 +33,7 @@ from conversations.gateway import pending, services, upstream, wire
 from conversations.gateway.dbthreads import on_db_thread
 from conversations.parts import NotJSON, strict_json
 from conversations.providers import ContextOverflow, ModelSpec, parse_overflow, resolve_model
+from conversations.providers.registry import ModelsFileError, declared_models
 from conversations.services import api_token_authenticate
 
 log = logging.getLogger("arbor.gateway")
@@ -74,6 +75,7 @@ _ANTHROPIC_KIND = {
     404: "not_found_error",
     413: "request_too_large",
     422: "invalid_request_error",
+    503: "api_error",
 }
 _OPENAI_KIND = {
     400: "invalid_request_error",
@@ -81,6 +83,7 @@ _OPENAI_KIND = {
     404: "invalid_request_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
+    503: "server_error",
 }
 
 
@@ -131,20 +134,24 @@ async def _user_or_refusal(protocol: Protocol, request: HttpRequest) -> Any:
     return user if user is not None else _unauthorized(protocol)
 
 
+class Misconfigured(ArborError):
+    """The server's own configuration is broken (the models file): a 5xx whose message
+    names no server path; the details are in the server's log."""
+
+    status = 503
+    code = "server_misconfigured"
+
+
 def _spec(protocol: Protocol, model: Any) -> ModelSpec:
     if not isinstance(model, str) or not model.strip():
         raise ArborError("model: a model name is required", code="invalid_model")
     name = model if model.startswith(f"{protocol.name}/") else f"{protocol.name}/{model}"
     try:
-        spec = resolve_model(name)
+        spec = resolve_model(name)  # the operator's model policy decides (registry)
+    except ModelsFileError as exc:
+        raise Misconfigured(str(exc)) from None
     except ValueError as exc:
         raise ArborError(str(exc), code="invalid_model") from None
-    default = getattr(settings, "ARBOR_GATEWAY_DEFAULT_MODEL", "")
-    if spec.assumed and default:
-        from dataclasses import replace
-
-        spec = replace(resolve_model(default), id=name, model=spec.model)
-    services.check_model(spec)
     if spec.fake:
         raise ArborError("fake/* models are Arbor's demo, not an upstream", code="invalid_model")
     return spec
@@ -735,8 +742,6 @@ async def anthropic_count_tokens(request: HttpRequest) -> HttpResponse:
 
 
 def _model_list() -> list[dict[str, Any]]:
-    from conversations.providers.registry import declared_models
-
     names = sorted(m.split("/", 1)[1] for m in declared_models() if m.startswith("openai/"))
     return [{"id": n, "object": "model", "created": 0, "owned_by": "arbor"} for n in names]
 
@@ -746,8 +751,32 @@ async def openai_models(request: HttpRequest) -> HttpResponse:
     refusal = await _user_or_refusal(OPENAI, request)
     if isinstance(refusal, HttpResponse):
         return refusal
-    data = await on_db_thread(_model_list)()
+    try:
+        data = await on_db_thread(_model_list)()
+    except ModelsFileError as exc:
+        return _arbor_error(OPENAI, Misconfigured(str(exc)))
     return JsonResponse({"object": "list", "data": data})
+
+
+async def _not_found(protocol: Protocol, request: HttpRequest) -> HttpResponse:
+    return protocol.error(
+        404,
+        "not_found_error" if protocol.name == "anthropic" else "invalid_request_error",
+        f"no such endpoint: {request.method} {request.path}",
+        code="unknown_url",
+    )
+
+
+@csrf_exempt
+async def anthropic_unknown(request: HttpRequest, rest: str = "") -> HttpResponse:
+    """Any other path below /gateway/anthropic: a 404 in Anthropic's shape."""
+    return await _not_found(ANTHROPIC, request)
+
+
+@csrf_exempt
+async def openai_unknown(request: HttpRequest, rest: str = "") -> HttpResponse:
+    """Any other path below /gateway/ (OpenAI's shape: the SDKs of most harnesses)."""
+    return await _not_found(OPENAI, request)
 
 
 async def base(request: HttpRequest) -> HttpResponse:
