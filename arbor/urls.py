@@ -16,6 +16,7 @@ urlpatterns = [
     path("gateway/anthropic/v1/messages", gateway.anthropic_messages),
     path("gateway/anthropic/v1/messages/count_tokens", gateway.anthropic_count_tokens),
     path("gateway/openai/v1/chat/completions", gateway.openai_chat),
+    path("gateway/openai/v1/responses", gateway.openai_responses),
     path("gateway/openai/v1/models", gateway.openai_models),
     path("gateway/status", gateway.status),
     # Every other path below /gateway/ answers a JSON 404 in its protocol's shape.

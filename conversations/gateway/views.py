@@ -29,7 +29,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from compaction import services as compaction
 from conversations.errors import ArborError
-from conversations.gateway import pending, services, upstream, wire
+from conversations.gateway import pending, responses, services, upstream, wire
 from conversations.gateway.dbthreads import on_db_thread
 from conversations.parts import NotJSON, strict_json
 from conversations.providers import ContextOverflow, ModelSpec, parse_overflow, resolve_model
@@ -564,14 +564,18 @@ def _whole_answer(prep: Prepared, result: dict[str, Any]) -> tuple[dict[str, Any
 WRITE_WAIT = 30.0
 
 
-async def _prepared(protocol: Protocol, request: HttpRequest) -> Prepared | HttpResponseBase:
-    """The request checked, read and placed in the tree; or the error to answer with."""
+async def _prepared(
+    protocol: Protocol, request: HttpRequest, raw_body: bytes | None = None
+) -> Prepared | HttpResponseBase:
+    """The request checked, read and placed in the tree; or the error to answer with.
+    ``raw_body``: the body to use instead of the request's (a translated one)."""
     if request.method != "POST":
         return protocol.error(405, "invalid_request_error", "use POST")
     secret = _credential(request)
     if not secret:
         return _unauthorized(protocol)
-    raw_body = _read_body(request)
+    if raw_body is None:
+        raw_body = _read_body(request)
     if raw_body is None:
         return protocol.error(
             413, "request_too_large", f"the request is larger than {MAX_BODY} bytes"
@@ -673,6 +677,70 @@ async def anthropic_messages(request: HttpRequest) -> HttpResponseBase:
 @csrf_exempt
 async def openai_chat(request: HttpRequest) -> HttpResponseBase:
     return await _handle(OPENAI, request)
+
+
+@csrf_exempt
+async def openai_responses(request: HttpRequest) -> HttpResponseBase:
+    """``POST /gateway/openai/v1/responses``: the Responses API (Codex, the openai SDK's
+    ``responses.create``) in front of the model's Chat Completions upstream. The request
+    is translated (conversations/gateway/responses.py) and then placed, compacted,
+    forwarded and written exactly as a Chat Completions one; the answer goes back as a
+    Response, or streamed as its SSE events."""
+    if request.method != "POST":
+        return OPENAI.error(405, "invalid_request_error", "use POST")
+    if not _credential(request):
+        return _unauthorized(OPENAI)
+    raw = _read_body(request)
+    if raw is None:
+        return OPENAI.error(
+            413, "invalid_request_error", f"the request is larger than {MAX_BODY} bytes"
+        )
+    try:
+        body = strict_json(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return OPENAI.error(
+            400,
+            "invalid_request_error",
+            f"the request body is not valid JSON: {exc}",
+            code="invalid_json",
+        )
+    if not isinstance(body, dict):
+        return OPENAI.error(
+            400,
+            "invalid_request_error",
+            "the request body must be a JSON object",
+            code="invalid_json",
+        )
+    try:
+        chat = responses.to_chat(body)
+    except responses.ResponsesError as exc:
+        return OPENAI.error(400, "invalid_request_error", str(exc), code="invalid_input")
+    prep = await _prepared(OPENAI, request, _body_bytes(chat))
+    if not isinstance(prep, Prepared):
+        return prep
+    url = upstream.url_for(prep.spec, OPENAI.path, "")
+    answer = await _send_upstream(prep, url, upstream.headers_for(prep.spec, dict(request.headers)))
+    if isinstance(answer, HttpResponseBase):
+        return answer
+    raw_answer = await answer.aread()
+    await answer.aclose()
+    try:
+        result = json.loads(raw_answer)
+    except ValueError:
+        result = None
+    if not isinstance(result, dict):
+        return OPENAI.error(
+            502, "api_error", "the upstream's answer is not a JSON object", code="bad_response"
+        )
+    await _write(prep, _write_exchange(prep, *_whole_answer(prep, result)))
+    response = responses.from_chat(result, model=str(body["model"]))
+    if body.get("stream"):
+        return HttpResponse(
+            responses.sse(responses.stream_events(response)),
+            content_type="text/event-stream",
+            headers={"cache-control": "no-cache"},
+        )
+    return JsonResponse(response)
 
 
 def _count(

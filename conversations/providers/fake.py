@@ -222,7 +222,7 @@ ROUND_MARK = re.compile(r"ROUND-(\d+)")
 # never a tool call.
 _SUMMARY_ASK = re.compile(
     r"create a detailed summary of the conversation|conversation to summarize"
-    r"|create a structured (?:context checkpoint )?summary",
+    r"|create a structured (?:context checkpoint )?summary|CONTEXT CHECKPOINT COMPACTION",
     re.IGNORECASE,
 )
 
@@ -251,10 +251,13 @@ def _last_user_text(body: Mapping[str, Any]) -> str:
 
 
 def scripted_agent(
-    rounds: int, *, tool_names: tuple[str, ...] = ("Bash", "bash")
+    rounds: int,
+    *,
+    tool_names: tuple[str, ...] = ("Bash", "bash", "exec_command"),
 ) -> Callable[[str, Mapping[str, Any]], Step | None]:
     """A responder for FakeLLMServer: an agent that runs ``rounds`` shell commands, one
-    per request that offers a Bash tool, then says it finished. The round number is read
+    per request that offers a shell tool (Claude Code's and pi's Bash, Codex's
+    exec_command), then says it finished. The round number is read
     back from the transcript (the newest round is always in what a harness or Arbor
     sends verbatim), so it survives any compaction. A request without a Bash tool, or
     one asking for a summary of the history, gets a short text answer."""
@@ -269,7 +272,9 @@ def scripted_agent(
             return Step.reply(f"Summary: {done} rounds of shell commands ran, each succeeded.")
         if done >= rounds:
             return Step.reply(f"FINISHED {done} rounds.")
-        arguments: dict[str, Any] = {"command": round_command(done + 1)}
+        # Codex's shell tool takes ``cmd``; Claude Code's and pi's ``command``.
+        key = "cmd" if tool == "exec_command" else "command"
+        arguments: dict[str, Any] = {key: round_command(done + 1)}
         if tool == "Bash":
             arguments["description"] = f"round {done + 1}"
         return Step.tools({"name": tool, "arguments": arguments})
