@@ -34,10 +34,26 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 # on blank lines, TypeScript on ``a.a.a.``, C# on short lines: 20 KB took 2-35 s), which a
 # code block's language lets anyone choose. So each render has a CPU budget for
 # highlighting: tokens are drawn from the lexer and, once the budget is spent, the block
-# (and every later one) is shown plain. A step costs at most one regex scan of its block,
-# and a block longer than HIGHLIGHT_MAX_CHARS is never highlighted.
+# (and every later one) is shown plain. That bounds the lexers whose every step is one
+# linear regex scan: the ones below, each measured so (60 KB of 33 adversarial texts
+# rendered within the budget). In some others one step is itself quadratic or cubic
+# (console, ini, ocaml, matlab, maple, zeek: 60 KB took 16-35 s in one regex call, out
+# of the budget's reach), so any other language is highlighted only in a short block.
 HIGHLIGHT_BUDGET_SECONDS = 0.25
-HIGHLIGHT_MAX_CHARS = 200_000
+HIGHLIGHT_MAX_CHARS = 100_000
+HIGHLIGHT_OTHER_MAX_CHARS = 2_000
+HIGHLIGHT_LEXERS = frozenset({  # each lexer's first alias
+    "apacheconf", "awk", "bash", "batch", "c", "clojure", "cmake", "cobol", "coffeescript",
+    "common-lisp", "cpp", "cr", "csharp", "css", "d", "dart", "diff", "django", "docker",
+    "elixir", "elm", "erlang", "fortran", "fsharp", "go", "graphql", "groovy",
+    "handlebars", "haskell", "html", "http", "java", "javascript", "json", "json5",
+    "jsonld", "jsx", "julia", "kotlin", "less", "liquid", "lua", "make", "markdown",
+    "nasm", "nginx", "nimrod", "nixos", "objective-c", "perl", "php", "powershell",
+    "prolog", "properties", "protobuf", "purescript", "pycon", "pytb", "python", "python2",
+    "racket", "ruby", "rust", "sass", "scala", "scheme", "scss", "solidity", "splus",
+    "sql", "swift", "tcl", "terraform", "tex", "text", "toml", "tsx", "twig", "typescript",
+    "verilog", "vhdl", "vim", "vue", "xml", "yaml", "zig",
+})  # fmt: skip
 _budget = threading.local()
 
 
@@ -79,6 +95,8 @@ def _highlight(code: str, lang: str, _attrs: str) -> str:
     try:
         lexer = get_lexer_by_name(lang)
     except ClassNotFound:
+        return _plain(code)
+    if lexer.aliases[0] not in HIGHLIGHT_LEXERS and len(code) > HIGHLIGHT_OTHER_MAX_CHARS:
         return _plain(code)
     out = io.StringIO()
     try:

@@ -207,6 +207,10 @@ MARKDOWN: dict[str, Callable[[int], str]] = {
     "python blank lines": _fence("python", " \n"),
     "typescript a.": _fence("typescript", "a."),
     "c# short lines": _fence("csharp", "a\n"),
+    # Lexers where one regex call is itself quadratic or cubic, out of the budget's reach.
+    "console words": _fence("console", "a"),
+    "ocaml digits": _fence("ocaml", "1"),
+    "maple quotes": _fence("maple", "'"),
     "many code blocks": lambda size: ("```python\n" + " \n" * 400 + "```\n") * (size // 820),
 }
 
@@ -224,6 +228,9 @@ class MarkdownScanTests(SimpleTestCase):
         with mock.patch.object(markdown._CACHE, "max_item", 0):
             html = markdown.render("```python\ndef f(x):\n    return x  # hi\n```\n")
         assert '<span class="k">def</span>' in html and '<span class="c1"># hi</span>' in html
+        with mock.patch.object(markdown._CACHE, "max_item", 0):
+            html = markdown.render("```ocaml\nlet x = 1\n```\n")  # short: highlighted
+        assert '<span class="k">let</span>' in html
 
     def test_past_its_budget_a_block_is_shown_plain(self) -> None:
         text = "```csharp\n" + "a\n" * 20_000 + "```\n"
