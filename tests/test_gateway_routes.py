@@ -27,3 +27,26 @@ class UnknownRouteTests(TestCase):
         assert self.client.get("/gateway/anthropic").json()["gateway"] == "arbor"
         # Without a token: the protocol's 401, not the catch-all.
         assert self.client.post("/gateway/anthropic/v1/messages").status_code == 401
+
+
+class CountTokensBodyTests(TestCase):
+    def test_count_tokens_refuses_what_every_other_gateway_route_refuses(self) -> None:
+        from conversations import services
+        from tests.builders import make_user
+
+        _, token = services.api_token_create(user=make_user("counter"), name="t")
+        headers = {"HTTP_X_API_KEY": token}
+        bodies = {
+            "deep": b'{"model":"m","messages":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+            "twice": b'{"model":"a","model":"b","messages":[]}',
+            "surrogate": b'{"model":"m","messages":[{"role":"user","content":"\\ud83d"}]}',
+        }
+        for name, raw in bodies.items():
+            response = self.client.post(
+                "/gateway/anthropic/v1/messages/count_tokens",
+                raw,
+                content_type="application/json",
+                **headers,
+            )
+            assert response.status_code == 400, (name, response.content[:200])
+            assert response.json()["error"]["type"] == "invalid_request_error", name

@@ -453,7 +453,7 @@ def _overflow_of(status: int, raw: bytes) -> ContextOverflow | None:
         return None
     try:
         error = json.loads(raw).get("error") or {}
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):  # a hostile upstream's body
         return None
     message = str(error.get("message", "")) if isinstance(error, dict) else str(error)
     code = error.get("code") if isinstance(error, dict) else None
@@ -491,7 +491,7 @@ async def _relay(prep: Prepared, response: Any) -> AsyncIterator[bytes]:
                 elif data:
                     try:
                         parsed = json.loads(data)
-                    except ValueError:
+                    except (ValueError, RecursionError):
                         parsed = None
                     if isinstance(parsed, dict):
                         answer.feed(parsed)
@@ -662,7 +662,7 @@ async def _handle(protocol: Protocol, request: HttpRequest) -> HttpResponseBase:
     await response.aclose()
     try:
         result = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         result = None
     if isinstance(result, dict):
         await _write(prep, _write_exchange(prep, *_whole_answer(prep, result)))
@@ -726,7 +726,7 @@ async def openai_responses(request: HttpRequest) -> HttpResponseBase:
     await answer.aclose()
     try:
         result = json.loads(raw_answer)
-    except ValueError:
+    except (ValueError, RecursionError):
         result = None
     if not isinstance(result, dict):
         return OPENAI.error(
@@ -778,9 +778,12 @@ async def anthropic_count_tokens(request: HttpRequest) -> HttpResponse:
     if isinstance(user, HttpResponse):
         return user
     try:
-        body = json.loads(_read_body(request) or b"")
-        assert isinstance(body, dict)
-    except (ValueError, AssertionError, UnicodeDecodeError):
+        body = strict_json(_read_body(request) or b"")
+    except (ValueError, UnicodeDecodeError) as exc:
+        return ANTHROPIC.error(
+            400, "invalid_request_error", f"the request body is not valid JSON: {exc}"
+        )
+    if not isinstance(body, dict):
         return ANTHROPIC.error(
             400, "invalid_request_error", "the request body must be a JSON object"
         )
