@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -40,6 +39,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from conversations.gateway import responses
 
 ROOT = Path(__file__).resolve().parents[1]
 HARNESS_DIR = Path(os.environ.get("ARBOR_HARNESS_DIR", ROOT / "var" / "harness"))
@@ -119,61 +120,22 @@ def parallel_responder(body: Mapping[str, Any]) -> list[Item]:
 
 
 def stream_events(response_id: str, items: list[Item], usage: Mapping[str, int]) -> list[Event]:
-    """The SSE events of one streamed response that outputs ``items``."""
-    events: list[Event] = [
-        {
-            "type": "response.created",
-            "response": {"id": response_id, "object": "response", "status": "in_progress"},
-        }
-    ]
-    for index, item in enumerate(items):
-        started = {**item, "status": "in_progress"}
-        if item["type"] == "message":
-            started["content"] = []
-        events.append(
-            {"type": "response.output_item.added", "output_index": index, "item": started}
-        )
-        if item["type"] == "message":
-            # A word (with its trailing space) per delta, like a tokenizer-paced stream.
-            for piece in re.findall(r"\S+\s*|\s+", item["content"][0]["text"]):
-                events.append(
-                    {
-                        "type": "response.output_text.delta",
-                        "item_id": item["id"],
-                        "output_index": index,
-                        "content_index": 0,
-                        "delta": piece,
-                    }
-                )
-        elif item["type"] == "function_call":
-            events.append(
-                {
-                    "type": "response.function_call_arguments.delta",
-                    "item_id": item["id"],
-                    "output_index": index,
-                    "delta": item["arguments"],
-                }
-            )
-        events.append({"type": "response.output_item.done", "output_index": index, "item": item})
-    events.append(
-        {
-            "type": "response.completed",
-            "response": {
-                "id": response_id,
-                "object": "response",
-                "status": "completed",
-                "output": items,
-                "usage": {
-                    "input_tokens": usage["input_tokens"],
-                    "input_tokens_details": {"cached_tokens": 0},
-                    "output_tokens": usage["output_tokens"],
-                    "output_tokens_details": {"reasoning_tokens": 0},
-                    "total_tokens": usage["input_tokens"] + usage["output_tokens"],
-                },
-            },
-        }
-    )
-    return events
+    """The SSE events of one streamed response that outputs ``items`` (the gateway's own
+    Responses stream, conversations/gateway/responses.py)."""
+    response = {
+        "id": response_id,
+        "object": "response",
+        "status": "completed",
+        "output": items,
+        "usage": {
+            "input_tokens": usage["input_tokens"],
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": usage["output_tokens"],
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage["input_tokens"] + usage["output_tokens"],
+        },
+    }
+    return responses.stream_events(response)
 
 
 # --- the server -----------------------------------------------------------------------
@@ -210,7 +172,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": {"message": f"no route POST {path}"}})
             return
         events = self.server.owner._answer(path, body)
-        data = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events)
+        data = responses.sse(events)
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.send_header("cache-control", "no-cache")
@@ -218,7 +180,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("connection", "close")
         self.end_headers()
         self.close_connection = True
-        self.wfile.write(data.encode("utf-8"))
+        self.wfile.write(data)
         self.wfile.flush()
 
     def _json(self, status: int, payload: Any) -> None:
