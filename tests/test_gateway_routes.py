@@ -35,7 +35,7 @@ class CountTokensBodyTests(TestCase):
         from tests.builders import make_user
 
         _, token = services.api_token_create(user=make_user("counter"), name="t")
-        headers = {"HTTP_X_API_KEY": token}
+        headers = {"x-api-key": token}
         bodies = {
             "deep": b'{"model":"m","messages":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
             "twice": b'{"model":"a","model":"b","messages":[]}',
@@ -46,7 +46,7 @@ class CountTokensBodyTests(TestCase):
                 "/gateway/anthropic/v1/messages/count_tokens",
                 raw,
                 content_type="application/json",
-                **headers,
+                headers=headers,
             )
             assert response.status_code == 400, (name, response.content[:200])
             assert response.json()["error"]["type"] == "invalid_request_error", name
