@@ -448,6 +448,16 @@ def _forwarded_summary(prep: Prepared) -> dict[str, Any]:
     }
 
 
+def _json_object(raw: bytes | str) -> dict[str, Any] | None:
+    """An upstream's body as a JSON object, or None when it is not one (a hostile
+    upstream's too deeply nested body included)."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def _overflow_of(status: int, raw: bytes) -> ContextOverflow | None:
     if status not in (400, 413):
         return None
@@ -660,11 +670,8 @@ async def _handle(protocol: Protocol, request: HttpRequest) -> HttpResponseBase:
         )
     raw = await response.aread()
     await response.aclose()
-    try:
-        result = json.loads(raw)
-    except (ValueError, RecursionError):
-        result = None
-    if isinstance(result, dict):
+    result = _json_object(raw)
+    if result is not None:
         await _write(prep, _write_exchange(prep, *_whole_answer(prep, result)))
     return HttpResponse(raw, status=200, headers=relayed)
 
@@ -724,11 +731,8 @@ async def openai_responses(request: HttpRequest) -> HttpResponseBase:
         return answer
     raw_answer = await answer.aread()
     await answer.aclose()
-    try:
-        result = json.loads(raw_answer)
-    except (ValueError, RecursionError):
-        result = None
-    if not isinstance(result, dict):
+    result = _json_object(raw_answer)
+    if result is None:
         return OPENAI.error(
             502, "api_error", "the upstream's answer is not a JSON object", code="bad_response"
         )

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 
@@ -71,3 +75,17 @@ def uvicorn(env: Mapping[str, str]) -> Iterator[int]:
     """Serve arbor.asgi on a free port with ``env``; yields the port."""
     with uvicorn_process(env) as (port, _):
         yield port
+
+
+def gateway_env(models: Mapping[str, Any]) -> dict[str, str]:
+    """The environment of a `make run` server whose ARBOR_MODELS file declares
+    ``models`` (written to a temporary file), with Arbor's own upstream key."""
+    path = Path(tempfile.mkdtemp()) / "models.json"
+    path.write_text(json.dumps({"models": dict(models)}))
+    return dict(
+        os.environ,
+        ARBOR_MODELS=str(path),
+        ANTHROPIC_API_KEY="sk-ant-bench",
+        ALLOWED_HOSTS="127.0.0.1",
+        ARBOR_INPROCESS_JOBS="thread",
+    )

@@ -21,12 +21,9 @@ from __future__ import annotations
 import copy
 import http.client
 import json
-import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -36,7 +33,12 @@ from django.core.management.base import BaseCommand, CommandParser
 from compaction.models import CompactionRecord
 from conversations import services
 from conversations.gateway.cache_model import Bill, PromptCache
-from conversations.management.liveserver import percentile, process_cpu_seconds, uvicorn_process
+from conversations.management.liveserver import (
+    gateway_env,
+    percentile,
+    process_cpu_seconds,
+    uvicorn_process,
+)
 from conversations.models import Conversation
 from conversations.providers.fake import (
     FakeLLMServer,
@@ -231,31 +233,19 @@ class Command(BaseCommand):
         # The latency legs go to an upstream that does no work per request (no token
         # count of a 137 KB body), so what the gateway adds is Arbor's, not noise.
         trivial = FakeLLMServer(context_window=10**9, tokenizer="none").start()
-        models = Path(tempfile.mkdtemp()) / "models.json"
-        models.write_text(
-            json.dumps(
-                {
-                    "models": {
-                        f"anthropic/{MODEL}": {
-                            "base_url": trivial.anthropic_base_url,
-                            "context_window": 1_000_000,
-                            "max_output": 1024,
-                        },
-                        f"anthropic/{SESSION_MODEL}": {
-                            "base_url": fake.anthropic_base_url,
-                            "context_window": options["window"],
-                            "max_output": 1024,
-                        },
-                    }
-                }
-            )
-        )
-        env = dict(
-            os.environ,
-            ARBOR_MODELS=str(models),
-            ANTHROPIC_API_KEY="sk-ant-bench",
-            ALLOWED_HOSTS="127.0.0.1",
-            ARBOR_INPROCESS_JOBS="thread",
+        env = gateway_env(
+            {
+                f"anthropic/{MODEL}": {
+                    "base_url": trivial.anthropic_base_url,
+                    "context_window": 1_000_000,
+                    "max_output": 1024,
+                },
+                f"anthropic/{SESSION_MODEL}": {
+                    "base_url": fake.anthropic_base_url,
+                    "context_window": options["window"],
+                    "max_output": 1024,
+                },
+            }
         )
         try:
             with uvicorn_process(env) as (port, pid):

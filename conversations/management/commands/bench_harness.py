@@ -52,7 +52,7 @@ from conversations.management.commands.bench_gateway import (
     _HysteresisTrimmer,
     _naive,
 )
-from conversations.management.liveserver import uvicorn
+from conversations.management.liveserver import gateway_env, uvicorn
 from conversations.models import Conversation
 from conversations.providers.fake import (
     ROUND_MARK,
@@ -303,18 +303,8 @@ class Command(BaseCommand):
         fake = FakeLLMServer(
             context_window=window, responder=scripted_agent(rounds), tokenizer="bytes"
         ).start()
-        models = Path(tempfile.mkdtemp()) / "models.json"
         entry = {"base_url": fake.anthropic_base_url, "context_window": window}
-        models.write_text(
-            json.dumps({"models": {f"anthropic/{MODEL}": {**entry, "max_output": MAX_OUTPUT}}})
-        )
-        env = dict(
-            os.environ,
-            ARBOR_MODELS=str(models),
-            ANTHROPIC_API_KEY="sk-ant-bench",
-            ALLOWED_HOSTS="127.0.0.1",
-            ARBOR_INPROCESS_JOBS="thread",
-        )
+        env = gateway_env({f"anthropic/{MODEL}": {**entry, "max_output": MAX_OUTPUT}})
         started = time.monotonic()
         try:
             with uvicorn(env) as port:
